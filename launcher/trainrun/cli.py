@@ -1,0 +1,93 @@
+"""The `trainrun` command. The only place raw argv is seen; every TrainrunError becomes a one-line
+message and its exit code here (no traceback for anything a user can cause)."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from trainrun import __version__
+from trainrun.errors import TrainrunError
+
+EXAMPLES = """\b
+Examples:
+  trainrun -np 4 train.py --lr 0.1            4 ranks of train.py on this machine
+  trainrun -np 2 python -c 'import os; print(os.environ["RANK"])'
+  trainrun -H localhost:2,127.0.0.1:2 ./a.out  2 "hosts" x 2 slots
+  trainrun --hostfile hostfiles/local.txt --dry-run train.py
+  trainrun --config run.yaml train.py         options from YAML; flags override
+
+Everything after the program is passed to it untouched (also -np, -H, ...).
+"""
+
+
+class Count(click.ParamType):
+    """A whole number >= 1, with a message that says so."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
+            n = int(value)
+        else:
+            self.fail(f"'{value}' is not a whole number", param, ctx)
+        if n < 1:
+            self.fail(f"{n} must be at least 1", param, ctx)
+        return n
+
+
+def _load_config(ctx: click.Context, _param, value):
+    if value:
+        from trainrun.config import load_config_file
+
+        ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, ctx)}
+    return value
+
+
+@click.command(
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXAMPLES,
+)
+@click.option("--config", type=str, is_eager=True, expose_value=False, callback=_load_config, help="YAML file of options (same names as the flags).")
+@click.option("-np", "--num-proc", type=Count(), help="Number of ranks. Default: total slots of the hosts.")
+@click.option("-H", "--hosts", help="Hosts and slots: host1:4,host2:4 (user@host allowed).")
+@click.option("--hostfile", help="File of hosts: 'host slots=N', 'host:N' or 'host' per line.")
+@click.option("--oversubscribe", is_flag=True, help="Allow more ranks than slots.")
+@click.option("--gpus-per-proc", type=Count(), help="Give each rank K GPUs and isolate them (CUDA_VISIBLE_DEVICES).")
+@click.option("--allow-gpu-sharing", is_flag=True, help="Allow more local ranks than GPUs.")
+@click.option("--bind-to", type=click.Choice(["none", "core"]), default="none", show_default=True, help="Pin each local rank to a CPU core.")
+@click.option("-x", "--export", multiple=True, metavar="NAME[=VALUE]", help="Export a variable to every rank (repeatable).")
+@click.option("--prefix", type=click.Choice(["rank", "timestamp", "none"]), default="rank", show_default=True, help="Prefix of each output line.")
+@click.option("--output-dir", help="Also write each rank's output to DIR/rank.N/stdout|stderr.")
+@click.option("--grace", type=click.FloatRange(min=0), default=3.0, show_default=True, help="Seconds between SIGTERM and SIGKILL at teardown.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
+@click.option("--json", "json_", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")
+@click.version_option(__version__, "--version", prog_name="trainrun")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def cli(command, json_, **options):
+    """Launch COMMAND as N ranked processes on one or many hosts."""
+    from trainrun.config import LaunchConfig
+    from trainrun.launch import launch
+
+    if options["verbose"]:
+        logging.basicConfig(level=logging.INFO, format="trainrun: %(message)s", stream=sys.stderr)
+    return launch(LaunchConfig(command=tuple(command), json=json_, **options))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = cli.main(args=argv, prog_name="trainrun", standalone_mode=False)
+    except click.exceptions.Abort:
+        code = 130
+    except click.ClickException as err:
+        hint = " (see trainrun --help)" if isinstance(err, click.UsageError) else ""
+        print(f"trainrun: error: {err.format_message()}{hint}", file=sys.stderr)
+        code = err.exit_code
+    except TrainrunError as err:
+        print(f"trainrun: error: {err}", file=sys.stderr)
+        code = err.exit_code
+    sys.exit(code or 0)

@@ -1,0 +1,88 @@
+"""Rank output: whole lines, prefixed, written to the launcher's stdout/stderr and optionally to files.
+
+Bytes in, bytes out: binary-safe. A line is written in one write, so lines of different ranks never
+interleave inside a line. A partial last line is kept until more data or EOF, then written with a
+newline added. Lines longer than MAX_LINE are cut into pieces so memory stays bounded.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import deque
+
+STREAMS = {1: "stdout", 2: "stderr"}
+MAX_LINE = 1 << 16
+TAIL_LINES = 10
+
+
+class OutputSink:
+    def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None):
+        if prefix not in ("rank", "timestamp", "none"):
+            raise ValueError(f"prefix mode {prefix!r}")
+        self.prefix = prefix
+        self.output_dir = output_dir
+        self._files: dict[tuple[int, int], object] = {}
+        self._partial: dict[tuple[int, int], bytes] = {}
+        self._tails: dict[int, deque] = {}
+        self._out = {1: out or sys.stdout.buffer, 2: err or sys.stderr.buffer}
+
+    def _prefix(self, rank: int, stream: int) -> bytes:
+        if self.prefix == "none":
+            return b""
+        tag = b"[%d]<%s>:" % (rank, STREAMS[stream].encode())
+        if self.prefix == "timestamp":
+            now = time.time()
+            stamp = time.strftime("%H:%M:%S", time.localtime(now)) + ".%03d" % (int(now * 1000) % 1000)
+            return stamp.encode() + b" " + tag
+        return tag
+
+    def feed(self, rank: int, stream: int, data: bytes) -> None:
+        """Take a chunk of a rank's stream; `b""` means the stream ended."""
+        if self.output_dir is not None:
+            self._file(rank, stream).write(data)
+        key = (rank, stream)
+        buf = self._partial.pop(key, b"") + data
+        if not data:  # EOF: whatever is left is the last line
+            lines, rest = ([buf] if buf else []), b""
+        else:
+            *lines, rest = buf.split(b"\n")
+            while len(rest) > MAX_LINE:
+                lines.append(rest[:MAX_LINE])
+                rest = rest[MAX_LINE:]
+        if rest:
+            self._partial[key] = rest
+        if not lines:
+            return
+        if stream == 2:
+            tail = self._tails.setdefault(rank, deque(maxlen=TAIL_LINES))
+            tail.extend(line.decode(errors="replace") for line in lines)
+        prefix = self._prefix(rank, stream)
+        out = self._out[stream]
+        out.write(b"".join(prefix + line + b"\n" for line in lines))
+        out.flush()
+
+    def flush_all(self) -> None:
+        """Write every partial line (used at teardown when some pipes never reached EOF)."""
+        for rank, stream in list(self._partial):
+            self.feed(rank, stream, b"")
+        for f in self._files.values():
+            f.flush()
+
+    def stderr_tail(self, rank: int) -> list[str]:
+        return list(self._tails.get(rank, ()))
+
+    def _file(self, rank: int, stream: int):
+        key = (rank, stream)
+        f = self._files.get(key)
+        if f is None:
+            d = os.path.join(self.output_dir, f"rank.{rank}")
+            os.makedirs(d, exist_ok=True)
+            f = self._files[key] = open(os.path.join(d, STREAMS[stream]), "wb")
+        return f
+
+    def close(self) -> None:
+        self.flush_all()
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
