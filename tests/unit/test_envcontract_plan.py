@@ -1,0 +1,59 @@
+import json
+
+from trainrun.envcontract import JobInfo, rank_env, read_rank_env
+from trainrun.gpus import gpu_pool, parse_nvidia_smi
+from trainrun.hosts import HostSpec
+from trainrun.placement import assign_ranks
+from trainrun.plan import build_plan, plan_json, plan_table, redacted
+
+JOB = JobInfo("job1", "10.0.0.1", 29500)
+
+
+def test_rank_env_contract():
+    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 2)], 4)[3]
+    env = rank_env(a, JOB)
+    assert env == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "1",
+        "NNODES": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TRAINRUN_RANK": "3",
+        "TRAINRUN_SIZE": "4", "TRAINRUN_LOCAL_RANK": "1", "TRAINRUN_LOCAL_SIZE": "2",
+        "TRAINRUN_CROSS_RANK": "1", "TRAINRUN_CROSS_SIZE": "2", "TRAINRUN_HOSTNAME": "b", "TRAINRUN_JOB_ID": "job1",
+    }
+
+
+def test_gpu_and_nic_env():
+    a = assign_ranks([HostSpec("a", 2)], 2, gpu_pools={"a": (0, 1)})[1]
+    shared = rank_env(a, JOB)
+    assert shared["TRAINRUN_GPUS"] == "1" and "CUDA_VISIBLE_DEVICES" not in shared
+    iso = rank_env(a, JobInfo("j", "x", 1, nics=("eth1", "eth0"), isolate_gpus=True))
+    assert iso["CUDA_VISIBLE_DEVICES"] == "1"
+    assert iso["NCCL_SOCKET_IFNAME"] == iso["GLOO_SOCKET_IFNAME"] == iso["UCX_NET_DEVICES"] == "eth1,eth0"
+
+
+def test_read_rank_env_roundtrip():
+    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 2)], 4, gpu_pools={"b": (2, 3)})[2]
+    back = read_rank_env(rank_env(a, JOB))
+    assert (back.rank, back.size, back.local_rank, back.local_size, back.cross_rank, back.cross_size, back.gpus) == (2, 4, 0, 2, 1, 2, (2,))
+    assert read_rank_env({}) is None
+
+
+def test_plan_table_and_json():
+    plan = build_plan(assign_ranks([HostSpec("a", 2)], 2), JOB, ("python", "t.py", "--x", "a b"), "/w", {"API_TOKEN": "s3cret", "FOO": "1"})
+    text = plan_table(plan)
+    assert "python t.py --x 'a b'" in text and "s3cret" not in text and "API_TOKEN=<redacted>" in text
+    doc = json.loads(plan_json(plan))
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert doc["ranks"][1]["env"]["LOCAL_RANK"] == "1" and doc["ranks"][1]["argv"][-1] == "a b"
+    assert "s3cret" not in plan_json(plan)
+
+
+def test_redacted():
+    assert redacted({"WANDB_API_KEY": "x", "HF_TOKEN": "y", "DB_PASSWORD": "z", "LR": "1"}) == {
+        "WANDB_API_KEY": "<redacted>", "HF_TOKEN": "<redacted>", "DB_PASSWORD": "<redacted>", "LR": "1"}
+
+
+def test_gpu_detection_parsing():
+    gpus = parse_nvidia_smi("0, NVIDIA H100 80GB HBM3, 81559\n1, NVIDIA H100 80GB HBM3, 81559\n")
+    assert [(g.index, g.memory_mib) for g in gpus] == [(0, 81559), (1, 81559)]
+    assert gpu_pool(gpus, None) == (0, 1)
+    assert gpu_pool(gpus, "1") == (1,)
+    assert gpu_pool(gpus, "") == ()
