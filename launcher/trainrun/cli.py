@@ -63,6 +63,8 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--prefix", type=click.Choice(["rank", "timestamp", "none"]), default="rank", show_default=True, help="Prefix of each output line.")
 @click.option("--output-dir", help="Also write each rank's output to DIR/rank.N/stdout|stderr.")
 @click.option("--grace", type=click.FloatRange(min=0), default=3.0, show_default=True, help="Seconds between SIGTERM and SIGKILL at teardown.")
+@click.option("--mpi", type=click.Choice(["mpich", "none"]), default="mpich", show_default=True, help="Serve an MPI world (PMI-1) to the ranks, or not.")
+@click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds for all ranks to join the MPI world once the first has.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
 @click.option("--json", "json_", is_flag=True, help="With --dry-run: print the plan as JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")

@@ -29,6 +29,8 @@ class LaunchConfig:
     prefix: str = "rank"
     output_dir: str | None = None
     grace: float = 3.0
+    mpi: str = "mpich"
+    start_timeout: float = 120.0
     dry_run: bool = False
     json: bool = False
     verbose: bool = False

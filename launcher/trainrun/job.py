@@ -18,6 +18,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
+from trainrun.mpiworld import MpiWorld
 from trainrun.output import OutputSink
 from trainrun.plan import LaunchPlan
 from trainrun.procs import LocalRanks
@@ -28,35 +29,27 @@ TICK = 0.05
 
 
 @dataclass(frozen=True)
-class RankFailure:
-    rank: int
-    host: str
-    local_rank: int
-    returncode: int
-    stderr_tail: tuple[str, ...]
+class Failure:
+    """Why the job failed: the first failing rank (or the MPI world), with the exit code it implies."""
 
-    @property
-    def exit_code(self) -> int:
-        return self.returncode if self.returncode >= 0 else 128 - self.returncode
-
-    def describe(self) -> str:
-        how = f"exited with code {self.returncode}" if self.returncode >= 0 else f"was killed by {_signame(-self.returncode)}"
-        return f"rank {self.rank} on {self.host} (local rank {self.local_rank}) {how}"
+    exit_code: int
+    what: str
+    rank: int | None = None
+    stderr_tail: tuple[str, ...] = ()
 
 
 @dataclass
 class JobResult:
     exit_code: int
     returncodes: dict[int, int] = field(default_factory=dict)
-    failure: RankFailure | None = None
+    failure: Failure | None = None
     interrupted_by: int | None = None
 
     def summary(self, size: int) -> str | None:
         """The failure summary the launcher prints, or None for a clean run."""
         if self.failure is not None:
             f = self.failure
-            others = size - 1
-            lines = [f"trainrun: {f.describe()}; stopped the other {others} rank(s)" if others else f"trainrun: {f.describe()}"]
+            lines = [f"trainrun: {f.what}; stopped all {size} rank(s)" if size > 1 else f"trainrun: {f.what}"]
             if f.stderr_tail:
                 lines.append(f"trainrun: last lines of rank {f.rank}'s stderr:")
                 lines += [f"  | {line}" for line in f.stderr_tail]
@@ -64,6 +57,11 @@ class JobResult:
         if self.interrupted_by is not None:
             return f"trainrun: interrupted by {_signame(self.interrupted_by)}; stopped all {size} rank(s)"
         return None
+
+
+def exit_code_of(returncode: int) -> int:
+    """A rank's returncode as a shell would report it: 128+N for signal N."""
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 def _signame(sig: int) -> str:
@@ -76,7 +74,7 @@ def _signame(sig: int) -> str:
 class ProcessGroup:
     """Owns the job's rank groups (one LocalRanks for this machine; agents for remote hosts)."""
 
-    def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0):
+    def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0, mpi: bool = True, start_timeout: float = 120.0):
         self.plan = plan
         self.sink = sink
         self.grace = grace
@@ -84,7 +82,22 @@ class ProcessGroup:
         self._stop_deadline: float | None = None
         self._killed = False
         self._specs = {p.rank: p for p in plan.procs}
-        self.groups = [LocalRanks(list(plan.procs), self)]
+        self.world = MpiWorld(plan, start_timeout) if mpi else None
+        local = LocalRanks(list(plan.procs), self, pmi=mpi)
+        self.groups = [local]
+        self._group_of = {p.rank: local for p in plan.procs}
+
+    def _where(self, rank: int) -> str:
+        a = self._specs[rank].assignment
+        return f"rank {rank} on {a.host} (local rank {a.local_rank})"
+
+    def fail(self, exit_code: int, what: str, rank: int | None = None) -> None:
+        """Record the job's first failure and stop everything; later failures are consequences."""
+        if self.result.failure is None and self._stop_deadline is None:
+            tail = tuple(self.sink.stderr_tail(rank)) if rank is not None else ()
+            self.result.failure = Failure(exit_code, what, rank, tail)
+            self.result.exit_code = exit_code
+        self.stop()
 
     # RankEvents, called from the loop
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
@@ -93,14 +106,16 @@ class ProcessGroup:
     def on_exit(self, rank: int, returncode: int) -> None:
         self.result.returncodes[rank] = returncode
         log.info("rank %d exited with %d", rank, returncode)
-        if returncode != 0 and self._stop_deadline is None:
-            a = self._specs[rank].assignment
-            self.result.failure = RankFailure(rank, str(a.host), a.local_rank, returncode, tuple(self.sink.stderr_tail(rank)))
-            self.result.exit_code = self.result.failure.exit_code
-            self.stop()
+        if returncode != 0:
+            how = f"exited with code {returncode}" if returncode > 0 else f"was killed by {_signame(-returncode)}"
+            self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank)
 
     def on_pmi(self, rank: int, data: bytes) -> None:
-        raise NotImplementedError("PMI is served once the MPI world is on")
+        replies, problem = self.world.feed(rank, data, time.monotonic())
+        for r, line in replies:
+            self._group_of[r].pmi_send(r, line)
+        if problem is not None:
+            self.fail(problem.exit_code, f"{self._where(problem.rank)} {problem.message}", problem.rank)
 
     def stop(self) -> None:
         """Begin teardown: SIGTERM to every rank now, SIGKILL after the grace period."""
@@ -146,6 +161,8 @@ class ProcessGroup:
                 now = time.monotonic()
                 for g in self.groups:
                     g.tick(now)
+                if self.world is not None and (problem := self.world.check_start(now)):
+                    self.fail(problem.exit_code, f"MPI world incomplete: {problem.message}")
                 if self._stop_deadline is not None and not self._killed and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()
@@ -154,6 +171,8 @@ class ProcessGroup:
             for g in self.groups:
                 g.close(sel)
             watchdog.close()
+            if self.world is not None:
+                self.world.cleanup()
             self.sink.close()
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():

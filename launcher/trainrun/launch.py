@@ -59,7 +59,8 @@ def launch(cfg: LaunchConfig) -> int:
         print(plan_json(plan) if cfg.json else plan_table(plan))
         return 0
     log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
-    group = ProcessGroup(plan, OutputSink(cfg.prefix, cfg.output_dir), grace=cfg.grace)
+    sink = OutputSink(cfg.prefix, cfg.output_dir)
+    group = ProcessGroup(plan, sink, grace=cfg.grace, mpi=cfg.mpi != "none", start_timeout=cfg.start_timeout)
     result = group.run()
     summary = result.summary(len(plan.procs))
     if summary:

@@ -107,6 +107,8 @@ class PmiServer:
     Barrier: `barrier_out` goes to all ranks once all `size` ranks sent `barrier_in`; barriers repeat.
     The KVS starts with `PMI_process_mapping`; puts are visible at once; an absent key gets `rc=-1`.
     EOF on a socket is the loop's to judge (a rank that did not finalize died).
+    PMI_PORT/PMI_ID style (TCP): a new connection's first line is `cmd=initack pmiid=N`; read N with
+    `parse_line` to learn the rank, then feed it all, that line included.
     """
 
     def __init__(self, job: PmiJob):
@@ -236,7 +238,8 @@ def process_mapping(ranks_per_node: list[int]) -> str:
     """`PMI_process_mapping` for block placement: node i holds the next `ranks_per_node[i]` ranks.
 
     Runs of nodes with the same count are compressed: `[2, 2, 1]` -> `(vector,(0,2,2),(2,1,1))`
-    (triples are `(first node, node count, ranks per node)`, as Hydra serves them). Raises ValueError
+    (triples are `(first node, node count, ranks per node)`, as Hydra serves them; Hydra 5.0.2 writes a
+    one-node, one-rank block `(n,1,1)` as plain `n`, MPICH reads both). Raises ValueError
     for an empty list or a node without ranks.
     """
     if not ranks_per_node or min(ranks_per_node) < 1:

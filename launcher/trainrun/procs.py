@@ -20,6 +20,7 @@ from typing import Protocol
 
 from trainrun.errors import ProgramError
 from trainrun.plan import ProcessSpec
+from trainrun.pmi import rank_env as pmi_rank_env
 from trainrun.watchdog import Watchdog
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -86,7 +87,8 @@ class LocalRanks:
         if self.pmi:
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
-            env.update(PMI_FD=str(child_sock.fileno()), PMI_RANK=str(spec.rank), PMI_SIZE=str(spec.assignment.size))
+            env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # a stray PMI_PORT means size 1
+            env.update(pmi_rank_env(spec.rank, spec.assignment.size, child_sock.fileno()))
         preexec = None
         if spec.bind_to == "core" and cores:
             cpus = cores[spec.assignment.local_rank % len(cores)]

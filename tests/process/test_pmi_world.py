@@ -111,7 +111,7 @@ def test_abort_is_reported_and_shm_segments_are_removed():
         world.serve()
     finally:
         removed = world.close()
-    assert world.aborted == (2, 3, "abort")
+    assert world.aborted[:2] == (2, 3)
     # MPICH does not end the ranks at MPI_Abort; close() killed them (SIGKILL) and found leaked segments.
     assert [p.returncode for p in world.procs] == [-9] * 4
     assert removed, "expected MPICH's /dev/shm segment of this job to be leaked by the kill"
