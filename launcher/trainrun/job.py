@@ -74,7 +74,10 @@ def _signame(sig: int) -> str:
 class ProcessGroup:
     """Owns the job's rank groups (one LocalRanks for this machine; agents for remote hosts)."""
 
-    def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0, mpi: bool = True, start_timeout: float = 120.0):
+    def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0, mpi: bool = True,
+                 start_timeout: float = 120.0, agents: dict | None = None, python: str | None = None):
+        """`agents` maps each remote host name to its opened AgentRanks (remote.py); all other hosts
+        of the plan must be this machine."""
         self.plan = plan
         self.sink = sink
         self.grace = grace
@@ -83,9 +86,13 @@ class ProcessGroup:
         self._killed = False
         self._specs = {p.rank: p for p in plan.procs}
         self.world = MpiWorld(plan, start_timeout) if mpi else None
-        local = LocalRanks(list(plan.procs), self, pmi=mpi)
-        self.groups = [local]
-        self._group_of = {p.rank: local for p in plan.procs}
+        agents = agents or {}
+        local_procs = [p for p in plan.procs if p.host not in agents]
+        self.groups = [LocalRanks(local_procs, self, pmi=mpi)] if local_procs else []
+        for host, agent in agents.items():
+            agent.bind(plan.by_host()[host], self, pmi=mpi, python=python)
+            self.groups.append(agent)
+        self._group_of = {s.rank: g for g in self.groups for s in g.specs}
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -116,6 +123,12 @@ class ProcessGroup:
             self._group_of[r].pmi_send(r, line)
         if problem is not None:
             self.fail(problem.exit_code, f"{self._where(problem.rank)} {problem.message}", problem.rank)
+
+    def on_host_lost(self, host: str, message: str) -> None:
+        self.fail(255, message)
+
+    def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
+        self.fail(exit_code, f"{host}: {message}")
 
     def stop(self) -> None:
         """Begin teardown: SIGTERM to every rank now, SIGKILL after the grace period."""

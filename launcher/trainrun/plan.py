@@ -11,6 +11,7 @@ import shlex
 from dataclasses import dataclass
 
 from trainrun.envcontract import JobInfo, rank_env
+from trainrun.hosts import HostSpec
 from trainrun.placement import RankAssignment
 
 
@@ -103,3 +104,21 @@ def plan_json(plan: LaunchPlan) -> str:
         ],
     }
     return json.dumps(doc, indent=2)
+
+
+def spec_to_dict(p: ProcessSpec) -> dict:
+    """A ProcessSpec as JSON-able data, for the agent that runs it on its host."""
+    a = p.assignment
+    return {
+        "argv": list(p.argv), "env": p.env, "cwd": p.cwd, "bind_to": p.bind_to,
+        "host": {"name": a.host.name, "slots": a.host.slots, "user": a.host.user},
+        "assignment": {k: getattr(a, k) for k in (
+            "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "node_rank", "nnodes")},
+        "gpus": list(a.gpus),
+    }
+
+
+def spec_from_dict(d: dict) -> ProcessSpec:
+    host = HostSpec(**d["host"])
+    a = RankAssignment(host=host, gpus=tuple(d["gpus"]), **d["assignment"])
+    return ProcessSpec(a, tuple(d["argv"]), dict(d["env"]), d["cwd"], d["bind_to"])

@@ -1,0 +1,108 @@
+"""`python -m trainrun.agent`: the per-host agent that the launcher starts over SSH.
+
+It reports its host's facts (HELLO), waits for its share of the job (JOB), starts those ranks with
+the same LocalRanks the launcher uses for its own host, and relays their output, exits and PMI
+lines over stdout as frames (wire.py), taking SIGNAL/KILL/PMI frames on stdin.
+
+Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
+dropped) the agent SIGKILLs every process group of its ranks and exits; if the agent itself is
+killed, its Watchdog does the same. When all its ranks have exited it exits 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import sys
+import time
+
+from trainrun import wire
+from trainrun.errors import TrainrunError
+from trainrun.facts import launch_facts
+from trainrun.plan import spec_from_dict
+from trainrun.procs import LocalRanks
+from trainrun.watchdog import Watchdog
+
+
+class Agent:
+    def __init__(self, out_fd: int = 1, in_fd: int = 0):
+        self.out_fd, self.in_fd = out_fd, in_fd
+        self.reader = wire.FrameReader()
+        self.ranks: LocalRanks | None = None
+        self.sel = selectors.DefaultSelector()
+        self.done = False
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except BrokenPipeError:  # the launcher is gone: stdin EOF follows and ends us
+                return
+            view = view[n:]
+
+    # RankEvents
+    def on_output(self, rank: int, stream: int, data: bytes) -> None:
+        self.send(wire.frame(wire.STREAM_KIND[stream], rank, data))
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        self.send(wire.frame(wire.EXIT, rank, str(returncode).encode()))
+
+    def on_pmi(self, rank: int, data: bytes) -> None:
+        self.send(wire.frame(wire.PMI, rank, data))
+
+    def _on_stdin(self, watchdog: Watchdog) -> None:
+        data = os.read(self.in_fd, 1 << 16)
+        if not data:
+            self.done = True  # launcher gone: the finally in run() kills everything
+            return
+        for kind, rank, payload in self.reader.feed(data):
+            if kind == wire.JOB:
+                self._start(json.loads(payload), watchdog)
+            elif kind == wire.SIGNAL and self.ranks:
+                self.ranks.signal(int(payload))
+            elif kind == wire.KILL and self.ranks:
+                self.ranks.kill()
+            elif kind == wire.PMI and self.ranks:
+                self.ranks.pmi_send(rank, payload)
+
+    def _start(self, job: dict, watchdog: Watchdog) -> None:
+        specs = []
+        for d in job["procs"]:
+            spec = spec_from_dict(d)
+            if spec.argv and spec.argv[0] == job.get("python"):  # .py programs run on the agent's interpreter
+                spec = spec.__class__(spec.assignment, (sys.executable, *spec.argv[1:]), spec.env, spec.cwd, spec.bind_to)
+            specs.append(spec)
+        self.ranks = LocalRanks(specs, self, pmi=job.get("pmi", False))
+        try:
+            self.ranks.start(self.sel, watchdog)
+        except TrainrunError as err:
+            self.send(wire.frame(wire.FATAL, -1, f"{err}|{err.exit_code}".encode()))
+            self.done = True
+            return
+        self.send(wire.json_frame(wire.STARTED, {str(r): x.proc.pid for r, x in self.ranks.ranks.items()}))
+
+    def run(self) -> int:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        watchdog = Watchdog()
+        self.send(wire.json_frame(wire.HELLO, launch_facts()))
+        self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))
+        try:
+            while not self.done:
+                for key, _ in self.sel.select(0.05):
+                    key.data()
+                if self.ranks is not None:
+                    self.ranks.tick(time.monotonic())
+                    if not self.ranks.running:
+                        break
+        finally:
+            if self.ranks is not None:
+                self.ranks.kill()
+                self.ranks.close(self.sel)
+            watchdog.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(Agent().run())

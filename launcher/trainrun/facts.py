@@ -1,0 +1,70 @@
+"""Facts about the host this code runs on, as the launcher needs them (agent HELLO, --check)."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+
+from trainrun import __version__
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (MASTER_PORT for torch's env:// rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def launch_facts() -> dict:
+    """The small set every agent reports before its ranks start."""
+    from trainrun.gpus import local_gpu_pool
+
+    return {
+        "hostname": socket.gethostname(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "gpus": list(local_gpu_pool()),
+        "free_port": free_port(),
+        "python": sys.executable,
+        "trainrun": __version__,
+    }
+
+
+def mpi_facts() -> dict:
+    """Which MPI the ranks would use here (imports mpi4py: only for --check)."""
+    try:
+        from mpi4py import MPI  # noqa: F401  (library loaded lazily; Get_library_version loads it)
+        import mpi4py
+
+        version = MPI.Get_library_version().splitlines()[0].strip()
+        return {"mpi4py": mpi4py.__version__, "mpi": version, "vendor": MPI.get_vendor()[0]}
+    except Exception as err:  # any import or load problem is a fact to report, not a crash
+        return {"mpi4py": None, "mpi": None, "error": f"{type(err).__name__}: {err}"}
+
+
+def check_facts() -> dict:
+    """Everything `trainrun --check` shows per host."""
+    from trainrun.gpus import query_nvidia_smi
+    from trainrun.nics import local_nics
+
+    gpus = query_nvidia_smi()
+    return {
+        **launch_facts(),
+        "os": f"{platform.system()} {platform.release()}",
+        "distro": _distro(),
+        "python_version": platform.python_version(),
+        "gpu_models": [g.name for g in gpus],
+        "nics": [n.to_dict() if hasattr(n, "to_dict") else n for n in local_nics()],
+        **mpi_facts(),
+    }
+
+
+def _distro() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return ""

@@ -1,0 +1,188 @@
+"""The launcher's side of a host agent: AgentRanks drives one host's ranks through one channel.
+
+A channel is anything with the `AgentLink` shape: SSHLink (a paramiko session running
+`python -m trainrun.agent` on the host) or PipeLink (a local subprocess; used by tests and by nothing
+else). AgentRanks has the same interface as procs.LocalRanks, so the ProcessGroup treats a remote
+host exactly like its own.
+
+States: opened (HELLO read: host facts known) -> started (JOB sent) -> done (every rank reported, or
+the channel ended: every unreported rank is then reported lost).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import time
+from typing import Protocol
+
+from trainrun import wire
+from trainrun.errors import HostError
+from trainrun.plan import ProcessSpec, spec_to_dict
+
+log = logging.getLogger("trainrun")
+LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
+
+
+class AgentLink(Protocol):
+    host: str
+
+    def fileno(self) -> int: ...
+    def read(self) -> tuple[bytes, bytes, bool]: ...  # (stdout bytes, stderr bytes, ended)
+    def write(self, data: bytes) -> None: ...
+    def close(self, wait: float) -> None: ...
+
+
+class PipeLink:
+    """An agent as a local subprocess (pipes instead of SSH)."""
+
+    def __init__(self, host: str, argv: list[str]):
+        self.host = host
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for f in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(f.fileno(), False)
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        out = _read_available(self.proc.stdout.fileno())
+        err = _read_available(self.proc.stderr.fileno())
+        return out or b"", err or b"", out == b""
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def close(self, wait: float) -> None:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What can be read without blocking: bytes, b"" at EOF, None when nothing is there yet."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+
+
+class AgentRanks:
+    def __init__(self, link: AgentLink, facts: dict):
+        self.link = link
+        self.host = link.host
+        self.facts = facts
+        self.reader = wire.FrameReader()
+        self.events = None
+        self.specs: list[ProcessSpec] = []
+        self._pending: set[int] = set()
+        self._ended = False
+
+    def bind(self, specs: list[ProcessSpec], events, *, pmi: bool, python: str) -> None:
+        """Give this agent its share of the job (sent on start)."""
+        self.specs, self.events = specs, events
+        self._pending = {s.rank for s in specs}
+        self._job = {"procs": [spec_to_dict(s) for s in specs], "pmi": pmi, "python": python}
+
+    def start(self, sel: selectors.BaseSelector, watchdog) -> None:
+        self.link.write(wire.json_frame(wire.JOB, self._job))
+        sel.register(self.link.fileno(), selectors.EVENT_READ, lambda: self._on_readable(sel))
+
+    def _on_readable(self, sel) -> None:
+        out, err, ended = self.link.read()
+        if err:
+            for line in err.decode(errors="replace").splitlines():
+                log.warning("agent on %s: %s", self.host, line)
+        for kind, rank, payload in self.reader.feed(out):
+            self._dispatch(kind, rank, payload)
+        if ended and not self._ended:
+            self._ended = True
+            sel.unregister(self.link.fileno())
+            if self._pending:
+                self.events.on_host_lost(self.host, f"lost the agent on {self.host} (connection dropped or agent killed)")
+                for rank in sorted(self._pending):
+                    self.events.on_exit(rank, LOST)
+                self._pending.clear()
+
+    def _dispatch(self, kind: bytes, rank: int, payload: bytes) -> None:
+        if kind in wire.KIND_STREAM:
+            self.events.on_output(rank, wire.KIND_STREAM[kind], payload)
+        elif kind == wire.EXIT:
+            self._pending.discard(rank)
+            self.events.on_exit(rank, int(payload))
+        elif kind == wire.PMI:
+            self.events.on_pmi(rank, payload)
+        elif kind == wire.FATAL:
+            message, _, code = payload.decode().rpartition("|")
+            self.events.on_host_failed(self.host, message, int(code))
+        elif kind == wire.STARTED:
+            log.info("%s: ranks started, pids %s", self.host, json.loads(payload))
+
+    @property
+    def running(self) -> int:
+        return len(self._pending)
+
+    def tick(self, now: float) -> None:
+        pass
+
+    def signal(self, sig: int) -> None:
+        self.link.write(wire.frame(wire.SIGNAL, -1, str(int(sig)).encode()))
+
+    def kill(self) -> None:
+        self.link.write(wire.frame(wire.KILL))
+
+    def pmi_send(self, rank: int, data: bytes) -> None:
+        self.link.write(wire.frame(wire.PMI, rank, data))
+
+    def close(self, sel) -> None:
+        """Close the channel (the agent kills whatever is left on EOF) and wait for the agent to end."""
+        try:
+            sel.unregister(self.link.fileno())
+        except (KeyError, ValueError):
+            pass
+        self.link.close(wait=5.0)
+
+
+def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
+    """Wait for the agent's HELLO; raises HostError if it fails to start (e.g. trainrun missing there)."""
+    reader, errors, deadline = wire.FrameReader(), b"", time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(link.fileno(), selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                continue
+            out, err, ended = link.read()
+            errors += err
+            for kind, _rank, payload in reader.feed(out):
+                if kind == wire.HELLO:
+                    agent = AgentRanks(link, json.loads(payload))
+                    agent.reader = reader
+                    return agent
+            if ended:
+                break
+    finally:
+        sel.close()
+    text = errors.decode(errors="replace").strip().splitlines()
+    last = text[-1] if text else "no output"
+    if "No module named" in last and "trainrun" in last:
+        raise HostError(link.host, "agent", f"trainrun is not installed for the remote Python ({last})", hint="pip install trainrun there, or pass --python")
+    raise HostError(link.host, "agent", f"the trainrun agent did not start: {last}", hint="run trainrun --check")
+
+
+def local_agent(host: str, timeout: float = 30.0) -> AgentRanks:
+    """An agent in a local subprocess, for tests of the agent protocol."""
+    return read_hello(PipeLink(host, [sys.executable, "-m", "trainrun.agent"]), timeout)

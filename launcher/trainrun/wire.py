@@ -1,0 +1,49 @@
+"""Frames on the one channel between the launcher and a host's agent (binary-safe, in order).
+
+A frame is: kind (1 byte) | rank (int32, -1 when not about a rank) | length (uint32) | payload.
+
+launcher -> agent:  JOB  (json: the host's ProcessSpecs)   SIGNAL (payload: signal number)
+                    KILL                                  PMI    (rank: bytes for that rank's PMI socket)
+agent -> launcher:  HELLO (json: host facts, sent at start)  STARTED (json: pids)
+                    STDOUT / STDERR (rank: output bytes; empty = end of stream)
+                    EXIT  (rank: returncode)              PMI    (rank: bytes the rank sent)
+                    FATAL (text: the agent could not do its job, e.g. a program did not start)
+"""
+from __future__ import annotations
+
+import json
+import struct
+
+HEADER = struct.Struct(">ciI")
+
+JOB, SIGNAL, KILL, PMI = b"J", b"S", b"K", b"P"
+HELLO, STARTED, STDOUT, STDERR, EXIT, FATAL = b"H", b"R", b"O", b"E", b"X", b"F"
+STREAM_KIND = {1: STDOUT, 2: STDERR}
+KIND_STREAM = {STDOUT: 1, STDERR: 2}
+
+
+def frame(kind: bytes, rank: int = -1, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, rank, len(payload)) + payload
+
+
+def json_frame(kind: bytes, doc) -> bytes:
+    return frame(kind, -1, json.dumps(doc).encode())
+
+
+class FrameReader:
+    """Accumulates bytes, yields complete frames `(kind, rank, payload)`."""
+
+    def __init__(self):
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[bytes, int, bytes]]:
+        self._buf += data
+        out = []
+        while len(self._buf) >= HEADER.size:
+            kind, rank, length = HEADER.unpack_from(self._buf)
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                break
+            out.append((kind, rank, bytes(self._buf[HEADER.size:end])))
+            del self._buf[:end]
+        return out

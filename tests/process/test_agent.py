@@ -1,0 +1,67 @@
+"""The agent protocol end to end, with the agent in a local subprocess (PipeLink) instead of SSH."""
+import os
+import sys
+import time
+
+import pytest
+
+from trainrun import wire
+from trainrun.envcontract import JobInfo
+from trainrun.hosts import HostSpec
+from trainrun.job import ProcessGroup
+from trainrun.output import OutputSink
+from trainrun.placement import assign_ranks
+from trainrun.plan import build_plan
+from trainrun.remote import local_agent
+
+
+def run(code, tmp_path, np=4):
+    a = assign_ranks([HostSpec("localhost", np // 2), HostSpec("far", np // 2)], np)
+    plan = build_plan(a, JobInfo("t", "127.0.0.1", 29555), (sys.executable, "-c", code), str(tmp_path), {})
+    out, err = open(tmp_path / "out", "wb+"), open(tmp_path / "err", "wb+")
+    agent = local_agent("far")
+    result = ProcessGroup(plan, OutputSink(out=out, err=err), agents={"far": agent}, python=sys.executable, grace=1).run()
+    out.seek(0)
+    err.seek(0)
+    return result, out.read().decode(), err.read().decode(), agent
+
+
+def test_frames_roundtrip_in_pieces():
+    data = wire.frame(wire.STDOUT, 3, b"a\x00b") + wire.json_frame(wire.HELLO, {"x": 1}) + wire.frame(wire.KILL)
+    reader = wire.FrameReader()
+    got = []
+    for i in range(len(data)):
+        got += reader.feed(data[i:i + 1])
+    assert got == [(wire.STDOUT, 3, b"a\x00b"), (wire.HELLO, -1, b'{"x": 1}'), (wire.KILL, -1, b"")]
+
+
+def test_agent_hello_reports_host_facts():
+    agent = local_agent("far")
+    try:
+        assert agent.facts["cpus"] >= 1 and agent.facts["python"] and agent.facts["free_port"] > 0
+    finally:
+        agent.link.close(wait=5)
+
+
+def test_mpi_world_spans_launcher_and_agent(tmp_path):
+    code = ("from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "print(c.size, c.rank, c.allreduce(c.rank), c.Split_type(MPI.COMM_TYPE_SHARED).size)")
+    result, out, _, _ = run(code, tmp_path)
+    assert result.exit_code == 0, out
+    lines = sorted(line.split(":", 1)[1] for line in out.splitlines())
+    assert lines == ["4 0 6 2", "4 1 6 2", "4 2 6 2", "4 3 6 2"]  # 2 "nodes" of 2 local ranks
+
+
+def test_remote_failure_stops_everything(tmp_path):
+    code = ("import os, sys, time; r = int(os.environ['RANK']); open(os.environ['TRAINRUN_JOB_ID'] + str(r), 'w').write(str(os.getpid())); "
+            "time.sleep(0.3); print('bye', file=sys.stderr); sys.exit(7) if r == 3 else time.sleep(60)")
+    t0 = time.monotonic()
+    result, _, err, agent = run(code, tmp_path)
+    assert result.exit_code == 7 and time.monotonic() - t0 < 20
+    assert "rank 3 on far (local rank 1) exited with code 7" in result.summary(4)
+    assert result.failure.stderr_tail == ("bye",)
+    assert agent.link.proc.returncode is not None  # the agent itself ended
+    for r in range(4):
+        pid = int((tmp_path / f"t{r}").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
