@@ -31,6 +31,14 @@ class LaunchConfig:
     grace: float = 3.0
     mpi: str = "mpich"
     start_timeout: float = 120.0
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    ssh_config: str | None = None
+    ssh_strict: bool = False
+    ssh_timeout: float = 15.0
+    ssh_parallelism: int = 64
+    python: str | None = None
+    workdir: str | None = None
     dry_run: bool = False
     json: bool = False
     verbose: bool = False

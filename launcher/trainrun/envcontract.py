@@ -52,6 +52,16 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
+# What a remote rank inherits from the launcher's environment (a local rank inherits all of it).
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "LANG", "LC_ALL", "TZ")
+FORWARD_PREFIXES = ("TRAINRUN_", "NCCL_", "UCX_", "FI_", "MPIR_CVAR_", "OMP_", "GLOO_", "TORCH_", "PYTORCH_", "HOROVOD_")
+
+
+def forwarded_env(environ) -> dict[str, str]:
+    """The part of the launcher's environment that remote ranks get (DESIGN.md; README lists it)."""
+    return {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
+
+
 @dataclass(frozen=True)
 class RankEnv:
     """What a rank learns from its environment (the runtime's view of the contract)."""

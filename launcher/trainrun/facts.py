@@ -68,3 +68,9 @@ def _distro() -> str:
     except OSError:
         pass
     return ""
+
+
+if __name__ == "__main__":  # `python -m trainrun.facts`: what --check runs on every host
+    import json
+
+    print(json.dumps(check_facts()))

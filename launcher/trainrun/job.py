@@ -75,7 +75,8 @@ class ProcessGroup:
     """Owns the job's rank groups (one LocalRanks for this machine; agents for remote hosts)."""
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0, mpi: bool = True,
-                 start_timeout: float = 120.0, agents: dict | None = None, python: str | None = None):
+                 start_timeout: float = 120.0, agents: dict | None = None, python: str | None = None,
+                 forward_env: dict | None = None):
         """`agents` maps each remote host name to its opened AgentRanks (remote.py); all other hosts
         of the plan must be this machine."""
         self.plan = plan
@@ -90,7 +91,7 @@ class ProcessGroup:
         local_procs = [p for p in plan.procs if p.host not in agents]
         self.groups = [LocalRanks(local_procs, self, pmi=mpi)] if local_procs else []
         for host, agent in agents.items():
-            agent.bind(plan.by_host()[host], self, pmi=mpi, python=python)
+            agent.bind(plan.by_host()[host], self, pmi=mpi, python=python, env=forward_env or {})
             self.groups.append(agent)
         self._group_of = {s.rank: g for g in self.groups for s in g.specs}
 

@@ -62,6 +62,11 @@ class OutputSink:
         out.write(b"".join(prefix + line + b"\n" for line in lines))
         out.flush()
 
+    def write_raw(self, stream: int, data: bytes) -> None:
+        """Write launcher-side text (not a rank's) to the launcher's stdout (1) or stderr (2) as is."""
+        self._out[stream].write(data)
+        self._out[stream].flush()
+
     def flush_all(self) -> None:
         """Write every partial line (used at teardown when some pipes never reached EOF)."""
         for rank, stream in list(self._partial):

@@ -74,6 +74,9 @@ class LocalRanks:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
         cores = core_sets()
         for spec in self.specs:
+            if not os.path.isdir(spec.cwd):
+                self.kill()
+                raise ProgramError(f"rank {spec.rank} on {spec.host}: working directory {spec.cwd} does not exist there; pass --workdir", exit_code=127)
             try:
                 self._start_one(spec, sel, watchdog, cores)
             except OSError as err:

@@ -33,11 +33,14 @@ class AgentLink(Protocol):
     def fileno(self) -> int: ...
     def read(self) -> tuple[bytes, bytes, bool]: ...  # (stdout bytes, stderr bytes, ended)
     def write(self, data: bytes) -> None: ...
-    def close(self, wait: float) -> None: ...
+    def close(self, wait: float) -> None: ...   # EOF to the agent, then wait for it to end
+    def disconnect(self) -> None: ...
 
 
 class PipeLink:
     """An agent as a local subprocess (pipes instead of SSH)."""
+
+    peer_address = local_address = "127.0.0.1"
 
     def __init__(self, host: str, argv: list[str]):
         self.host = host
@@ -71,6 +74,9 @@ class PipeLink:
             self.proc.kill()
             self.proc.wait()
 
+    def disconnect(self) -> None:
+        pass
+
 
 def _read_available(fd: int) -> bytes | None:
     """What can be read without blocking: bytes, b"" at EOF, None when nothing is there yet."""
@@ -91,11 +97,15 @@ class AgentRanks:
         self._pending: set[int] = set()
         self._ended = False
 
-    def bind(self, specs: list[ProcessSpec], events, *, pmi: bool, python: str) -> None:
-        """Give this agent its share of the job (sent on start)."""
+    def bind(self, specs: list[ProcessSpec], events, *, pmi: bool, python: str, env: dict[str, str]) -> None:
+        """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
+        variables) goes under each rank's own env; it travels in the channel, never on a command line."""
         self.specs, self.events = specs, events
         self._pending = {s.rank for s in specs}
-        self._job = {"procs": [spec_to_dict(s) for s in specs], "pmi": pmi, "python": python}
+        procs = [spec_to_dict(s) for s in specs]
+        for p in procs:
+            p["env"] = {**env, **p["env"]}
+        self._job = {"procs": procs, "pmi": pmi, "python": python}
 
     def start(self, sel: selectors.BaseSelector, watchdog) -> None:
         self.link.write(wire.json_frame(wire.JOB, self._job))
@@ -147,6 +157,10 @@ class AgentRanks:
     def pmi_send(self, rank: int, data: bytes) -> None:
         self.link.write(wire.frame(wire.PMI, rank, data))
 
+    def disconnect(self) -> None:
+        """Close the host's connection (after close())."""
+        self.link.disconnect()
+
     def close(self, sel) -> None:
         """Close the channel (the agent kills whatever is left on EOF) and wait for the agent to end."""
         try:
@@ -186,3 +200,84 @@ def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
 def local_agent(host: str, timeout: float = 30.0) -> AgentRanks:
     """An agent in a local subprocess, for tests of the agent protocol."""
     return read_hello(PipeLink(host, [sys.executable, "-m", "trainrun.agent"]), timeout)
+
+
+class SSHLink:
+    """An agent started over one SSH session (paramiko). The session has no pty: the agent's stdin
+    EOF, not SIGHUP, is what tells it the launcher is gone."""
+
+    def __init__(self, host: str, client, command: str):
+        self.host = host
+        self.client = client
+        transport = client.get_transport()
+        self.peer_address = transport.getpeername()[0]
+        self.local_address = transport.sock.getsockname()[0]
+        self.channel = transport.open_session()
+        self.channel.exec_command(command)
+
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        ch, out, err = self.channel, bytearray(), bytearray()
+        while ch.recv_ready():
+            out += ch.recv(1 << 16)
+        while ch.recv_stderr_ready():
+            err += ch.recv_stderr(1 << 16)
+        ended = (ch.eof_received or ch.closed) and not ch.recv_ready()
+        return bytes(out), bytes(err), ended
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except OSError:
+            pass  # the channel is gone; read() reports it
+
+    def close(self, wait: float) -> None:
+        try:
+            self.channel.shutdown_write()
+        except OSError:
+            pass
+        self.channel.status_event.wait(wait)
+        self.channel.close()
+
+    def disconnect(self) -> None:
+        self.client.close()
+
+
+def agent_command(python: str) -> str:
+    """The one shell line that starts the agent: the requested interpreter if it exists, else python3."""
+    import shlex
+
+    return f"p={shlex.quote(python)}; [ -x \"$p\" ] || p=python3; exec \"$p\" -m trainrun.agent"
+
+
+def open_agents(hosts, cfg) -> dict[str, AgentRanks]:
+    """Connect to every host in parallel, start an agent on each and read its HELLO.
+
+    Raises HostsError with every host's cause (after closing the others) if any host fails.
+    """
+    from trainrun import ssh
+    from trainrun.errors import HostsError
+
+    opts = ssh.options_from_config(cfg)
+    clients = ssh.connect_all([str(h) for h in hosts], opts, parallelism=cfg.ssh_parallelism)
+    command = agent_command(cfg.python or sys.executable)
+    links, agents, failures = [], {}, []
+    try:
+        for h in hosts:
+            links.append(SSHLink(h.name, clients[str(h)], command))
+        for link in links:  # started together above, so the HELLOs arrive in parallel
+            try:
+                agents[link.host] = read_hello(link, timeout=cfg.ssh_timeout + 30)
+            except HostError as err:
+                failures.append(err)
+    finally:
+        if failures or len(agents) < len(hosts):
+            for link in links:
+                link.close(wait=2.0)
+            for client in clients.values():
+                client.close()
+    if failures:
+        raise HostsError(failures)
+    return agents

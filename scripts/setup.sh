@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install trainrun (editable) with the embedded MPI (mpich wheel) and the pinned
+# CPU torch the examples use. Idempotent. Usage: bash scripts/setup.sh [--test]
+#   --test  also the test dependencies and the Debian packages the test cluster needs (root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH=${TRAINRUN_TORCH:-torch==2.13.0}   # pinned: an unpinned torch pulls GBs of CUDA packages
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+if [ "${1:-}" = "--test" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need=""
+    [ -x /usr/sbin/sshd ] || need="$need openssh-server"
+    command -v ip >/dev/null || need="$need iproute2"
+    command -v ssh-keygen >/dev/null || need="$need openssh-client"
+    if [ -n "$need" ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
+    fi
+  fi
+  .venv/bin/python -m pip install -q -e '.[test]' "$TORCH"
+else
+  .venv/bin/python -m pip install -q -e . "$TORCH"
+fi
