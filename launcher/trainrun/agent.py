@@ -86,7 +86,7 @@ class Agent:
     def run(self) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         watchdog = Watchdog()
-        self.send(wire.json_frame(wire.HELLO, launch_facts()))
+        self.send(wire.json_frame(wire.HELLO, launch_facts(with_nics=True)))
         self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))
         try:
             while not self.done:

@@ -20,6 +20,7 @@ class HostCheck:
     stage: str | None = None  # the stage that failed (dns, tcp, ssh, hostkey, auth, facts), None if OK
     error: str = ""
     facts: dict = field(default_factory=dict)
+    via: str = "ssh"  # or "local": this machine, no SSH
 
     @property
     def ok(self) -> bool:
@@ -83,11 +84,11 @@ def render_report(r: CheckReport) -> str:
         if h.ok:
             gpus = f"{len(f.get('gpus', []))}" + (f" x {f['gpu_models'][0]}" if f.get("gpu_models") else "")
             mpi = f.get("vendor") or "none"
-            rows.append((h.host, "ok", f.get("hostname", ""), f.get("distro") or f.get("os", ""), f.get("python_version", ""),
+            rows.append((h.host, "local" if h.via == "local" else "ok", f.get("hostname", ""), f.get("distro") or f.get("os", ""), f.get("python_version", ""),
                          f.get("trainrun", ""), mpi, f.get("cpus", ""), gpus, h.slots))
         else:
             rows.append((h.host, f"FAILED at {h.stage}", h.error, "", "", "", "", "", "", h.slots))
-    out += ["  " + line for line in _table(("HOST", "SSH", "HOSTNAME", "OS", "PYTHON", "TRAINRUN", "MPI", "CPUS", "GPUS", "SLOTS"), rows)]
+    out += ["  " + line for line in _table(("HOST", "REACH", "HOSTNAME", "OS", "PYTHON", "TRAINRUN", "MPI", "CPUS", "GPUS", "SLOTS"), rows)]
     if r.nic_rows:
         out += ["", "Network interfaces"]
         out += ["  " + line for line in _table(("HOST", "NIC", "ADDRESSES", "UP", "SPEED", "VERDICT"), r.nic_rows)]

@@ -16,6 +16,7 @@ Examples:
   trainrun -np 2 python -c 'import os; print(os.environ["RANK"])'
   trainrun -H localhost:2,127.0.0.1:2 ./a.out  2 "hosts" x 2 slots
   trainrun --hostfile hostfiles/local.txt --dry-run train.py
+  trainrun -H node1:4,node2:4 --check          is every host ready? (exit 0 if the job could run)
   trainrun --config run.yaml train.py         options from YAML; flags override
 
 Everything after the program is passed to it untouched (also -np, -H, ...).
@@ -74,16 +75,21 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--ssh-parallelism", type=Count(), default=64, show_default=True, help="Hosts contacted at once.")
 @click.option("--python", "python", help="Interpreter for .py programs on remote hosts (default: the launcher's path if it exists there, else python3).")
 @click.option("--workdir", help="Working directory of the ranks (default: the launcher's).")
+@click.option("--network-interface", metavar="NIC[,NIC]", help="NICs for the job's traffic (checked); default: the probe's choice.")
+@click.option("--no-cache", is_flag=True, help="Probe the NICs again instead of using the last hour's choice.")
+@click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
-@click.option("--json", "json_", is_flag=True, help="With --dry-run: print the plan as JSON.")
+@click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")
 @click.version_option(__version__, "--version", prog_name="trainrun")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def cli(command, json_, **options):
     """Launch COMMAND as N ranked processes on one or many hosts."""
     from trainrun.config import LaunchConfig
     from trainrun.launch import launch
 
+    if not command and not options["check"]:
+        raise click.UsageError("Missing argument 'COMMAND...'.")
     if options["verbose"]:
         logging.basicConfig(level=logging.INFO, format="trainrun: %(message)s", stream=sys.stderr)
     return launch(LaunchConfig(command=tuple(command), json=json_, **options))

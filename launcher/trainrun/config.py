@@ -39,6 +39,9 @@ class LaunchConfig:
     ssh_parallelism: int = 64
     python: str | None = None
     workdir: str | None = None
+    network_interface: str | None = None
+    no_cache: bool = False
+    check: bool = False
     dry_run: bool = False
     json: bool = False
     verbose: bool = False
@@ -48,7 +51,7 @@ class LaunchConfig:
             raise UsageError("-H and --hostfile both given; use one of them")
         if self.num_proc is None and not (self.hosts or self.hostfile):
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
-        if self.json and not self.dry_run:
+        if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
 
     def host_specs(self) -> list[HostSpec]:

@@ -46,7 +46,7 @@ class HostError(TrainrunError):
     exit_code = 3
 
     def __init__(self, host: str, stage: str, message: str, *, hint: str = ""):
-        self.host, self.stage, self.hint = host, stage, hint
+        self.host, self.stage, self.message, self.hint = host, stage, message, hint
         text = f"{host}: {stage}: {message}"
         super().__init__(f"{text} ({hint})" if hint else text)
 

@@ -16,11 +16,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_facts() -> dict:
-    """The small set every agent reports before its ranks start."""
+def launch_facts(with_nics: bool = False) -> dict:
+    """The small set every agent reports before its ranks start (NICs: for MASTER_ADDR on the chosen NIC)."""
     from trainrun.gpus import local_gpu_pool
 
+    extra = {}
+    if with_nics:
+        from trainrun.nics import local_nics
+
+        extra["nics"] = [n.to_json() for n in local_nics()]
     return {
+        **extra,
         "hostname": socket.gethostname(),
         "cpus": len(os.sched_getaffinity(0)),
         "gpus": list(local_gpu_pool()),
@@ -54,7 +60,7 @@ def check_facts() -> dict:
         "distro": _distro(),
         "python_version": platform.python_version(),
         "gpu_models": [g.name for g in gpus],
-        "nics": [n.to_dict() if hasattr(n, "to_dict") else n for n in local_nics()],
+        "nics": [n.to_json() for n in local_nics()],
         **mpi_facts(),
     }
 

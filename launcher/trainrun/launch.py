@@ -28,7 +28,8 @@ def used_hosts(cfg: LaunchConfig) -> tuple[list[HostSpec], int]:
     return [h for h, c in zip(hosts, counts) if c], np
 
 
-def make_plan(cfg: LaunchConfig, hosts: list[HostSpec], np: int, facts: dict[str, dict], master_addr: str) -> LaunchPlan:
+def make_plan(cfg: LaunchConfig, hosts: list[HostSpec], np: int, facts: dict[str, dict], master_addr: str,
+              nics: tuple[str, ...] = ()) -> LaunchPlan:
     """The whole job, decided. `facts` holds each host's HELLO facts (gpus, free_port); hosts without
     facts (a dry run's remote hosts) get no GPUs."""
     python = cfg.python or sys.executable
@@ -40,7 +41,7 @@ def make_plan(cfg: LaunchConfig, hosts: list[HostSpec], np: int, facts: dict[str
     rank0 = facts.get(hosts[0].name, {})
     job = JobInfo(
         job_id=uuid.uuid4().hex[:12], master_addr=master_addr, master_port=rank0.get("free_port", 29500),
-        isolate_gpus=cfg.gpus_per_proc is not None,
+        nics=nics, isolate_gpus=cfg.gpus_per_proc is not None,
     )
     cwd = cfg.workdir or os.getcwd()
     return build_plan(assignments, job, command_argv(cfg.command, python), cwd, cfg.exported_env(os.environ), cfg.bind_to)
@@ -50,6 +51,8 @@ def launch(cfg: LaunchConfig) -> int:
     """Plan, then print it (--dry-run) or run it. Returns the launcher's exit code."""
     from trainrun.facts import launch_facts
 
+    if cfg.check:
+        return check(cfg)
     hosts, np = used_hosts(cfg)
     remote = [h for h in hosts if not h.is_local]
     if len(remote) < len(hosts):
@@ -72,7 +75,10 @@ def launch(cfg: LaunchConfig) -> int:
         agents = open_agents(remote, cfg)
     try:
         facts.update({name: agent.facts for name, agent in agents.items()})
-        plan = make_plan(cfg, hosts, np, facts, master_address(hosts[0], agents))
+        from trainrun.check_run import choose_nics
+
+        nics = choose_nics(cfg, hosts, {name: a.link.client for name, a in agents.items()}) if agents else ()
+        plan = make_plan(cfg, hosts, np, facts, master_address(hosts[0], agents, nics), nics)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         sink = OutputSink(cfg.prefix, cfg.output_dir)
         group = ProcessGroup(plan, sink, grace=cfg.grace, mpi=cfg.mpi != "none", start_timeout=cfg.start_timeout,
@@ -87,10 +93,25 @@ def launch(cfg: LaunchConfig) -> int:
     return result.exit_code
 
 
-def master_address(rank0_host: HostSpec, agents: dict) -> str:
-    """An address of rank 0's host that every host can reach: loopback for a one-machine job, the
-    address SSH reached rank 0's host at, or this machine's address on the route to the others."""
+def check(cfg: LaunchConfig) -> int:
+    """`--check`: print the report; 0 if the job could run, else CheckFailed's code."""
+    from trainrun.check_run import run_check
+    from trainrun.checks import render_report, report_json
+    from trainrun.errors import CheckFailed
+
+    report = run_check(cfg)
+    print(report_json(report) if cfg.json else render_report(report))
+    return 0 if report.ok else CheckFailed.exit_code
+
+
+def master_address(rank0_host: HostSpec, agents: dict, nics: tuple[str, ...] = ()) -> str:
+    """An address of rank 0's host that every host can reach: its address on the first chosen NIC,
+    loopback for a one-machine job, the address SSH reached rank 0's host at, or this machine's
+    address on the route to the others."""
     if rank0_host.name in agents:
+        for nic in agents[rank0_host.name].facts.get("nics", []):
+            if nics and nic["name"] == nics[0] and nic["addresses"]:
+                return nic["addresses"][0].split("/")[0]
         return agents[rank0_host.name].link.peer_address
     if agents:
         return next(iter(agents.values())).link.local_address

@@ -246,10 +246,22 @@ class SSHLink:
 
 
 def agent_command(python: str) -> str:
-    """The one shell line that starts the agent: the requested interpreter if it exists, else python3."""
-    import shlex
+    """The shell line that starts the agent: the requested interpreter if it exists there, else python3."""
+    from trainrun.ssh import remote_command
 
-    return f"p={shlex.quote(python)}; [ -x \"$p\" ] || p=python3; exec \"$p\" -m trainrun.agent"
+    pick = 'p=$1; [ -x "$p" ] || p=python3; exec "$p" -m trainrun.agent'
+    return remote_command(["sh", "-c", pick, "trainrun-agent", python])
+
+
+def ssh_options(cfg):
+    """SSHOptions from the launch options (None fields fall back to the ssh config, then OpenSSH defaults)."""
+    from trainrun import ssh
+
+    kwargs = dict(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file, strict=cfg.ssh_strict,
+                  connect_timeout=cfg.ssh_timeout)
+    if cfg.ssh_config:
+        kwargs["ssh_config"] = cfg.ssh_config
+    return ssh.SSHOptions(**kwargs)
 
 
 def open_agents(hosts, cfg) -> dict[str, AgentRanks]:
@@ -260,8 +272,7 @@ def open_agents(hosts, cfg) -> dict[str, AgentRanks]:
     from trainrun import ssh
     from trainrun.errors import HostsError
 
-    opts = ssh.options_from_config(cfg)
-    clients = ssh.connect_all([str(h) for h in hosts], opts, parallelism=cfg.ssh_parallelism)
+    clients = ssh.connect_all([str(h) for h in hosts], ssh_options(cfg), parallelism=cfg.ssh_parallelism)
     command = agent_command(cfg.python or sys.executable)
     links, agents, failures = [], {}, []
     try:

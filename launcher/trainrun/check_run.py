@@ -1,0 +1,194 @@
+"""Collect what `trainrun --check` reports: every host's facts (in parallel, one SSH connection each),
+the cross-host NIC probe, then the rank plan; checks.py judges and renders. Also the NIC choice that
+a multi-host launch uses (cached per host set for CACHE_TTL seconds).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from trainrun.checks import CheckReport, HostCheck, evaluate
+from trainrun.errors import HostError
+from trainrun.hosts import HostSpec
+from trainrun.placement import assign_ranks, ranks_per_host
+
+CACHE_TTL = 3600.0
+CACHE_DIR = os.path.expanduser(os.environ.get("TRAINRUN_CACHE_DIR", "~/.cache/trainrun"))
+
+
+def _python_command(python: str, module: str) -> str:
+    from trainrun.ssh import remote_command
+
+    pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
+    return remote_command(["sh", "-c", pick, "trainrun", python, module])
+
+
+def _remote_facts(host: HostSpec, opts, python: str, timeout: float):
+    """(HostCheck, client or None) for one remote host."""
+    from trainrun import ssh
+
+    try:
+        client = ssh.connect(str(host), opts)
+    except HostError as err:
+        return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})" if err.hint else err.message), None
+    try:
+        _, out, err = client.exec_command(_python_command(python, "trainrun.facts"), timeout=timeout)
+        text = out.read().decode()
+        status = out.channel.recv_exit_status()
+        if status != 0:
+            last = (err.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+            hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
+            return HostCheck(host.name, host.slots, "facts", f"{last}{hint}"), client
+        return HostCheck(host.name, host.slots, facts=json.loads(text)), client
+    except (OSError, ValueError) as exc:
+        return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), client
+
+
+def _local_facts(host: HostSpec, timeout: float) -> HostCheck:
+    r = subprocess.run([sys.executable, "-m", "trainrun.facts"], capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        return HostCheck(host.name, host.slots, "facts", (r.stderr.strip().splitlines() or ["failed"])[-1], via="local")
+    return HostCheck(host.name, host.slots, facts=json.loads(r.stdout), via="local")
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\rchecking hosts: {done}/{total} answered" + ("\n" if done == total else ""))
+        sys.stderr.flush()
+
+
+def collect_hosts(hosts: list[HostSpec], cfg) -> tuple[list[HostCheck], dict]:
+    """Every host's HostCheck (in the given order) and the SSH clients of the reached remote hosts."""
+    from trainrun.remote import ssh_options
+
+    python = cfg.python or sys.executable
+    opts = ssh_options(cfg) if any(not h.is_local for h in hosts) else None
+    results: dict[str, HostCheck] = {}
+    clients = {}
+    with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(hosts)))) as pool:
+        futures = {
+            pool.submit(_local_facts, h, cfg.ssh_timeout + 30) if h.is_local
+            else pool.submit(_remote_facts, h, opts, python, cfg.ssh_timeout + 30): h for h in hosts
+        }
+        _progress(0, len(hosts))
+        for n, fut in enumerate(futures, 1):
+            h = futures[fut]
+            got = fut.result()
+            if isinstance(got, tuple):
+                got, client = got
+                if client is not None:
+                    clients[h.name] = client
+            results[h.name] = got
+            _progress(n, len(hosts))
+    return [results[h.name] for h in hosts], clients
+
+
+def probe_nics(clients: dict, python: str, include_excluded: bool = False):
+    """(routable NICs as nics.RoutableNic, per-host reports, failure lines) via the probe over `clients`."""
+    from trainrun import nics
+
+    result = nics.probe_hosts(clients, python)
+    return result.routable(include_excluded), result.reports, result.failures()
+
+
+def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
+    from trainrun.nics import is_excluded
+
+    chosen = {(h, n) for r in routable for h, n in r.ifnames}
+    rows = []
+    for host, host_nics in reports.items():
+        for nic in host_nics:
+            if nic.name == "lo":
+                continue
+            verdict = "routable" if (host, nic.name) in chosen else ("down" if not nic.up else "not routable to all hosts")
+            if (host, nic.name) not in chosen and is_excluded(nic.name):
+                verdict = "excluded (container/VM bridge)"
+            rows.append((host, nic.name, ",".join(str(a) for a in nic.addresses) or "-", "up" if nic.up else "down",
+                         f"{nic.speed} Mb/s" if nic.speed else "?", verdict))
+    return rows
+
+
+def choose_nics(cfg, hosts: list[HostSpec], clients: dict) -> tuple[str, ...]:
+    """The NICs a multi-host launch exports: --network-interface, else the cached or a fresh probe's
+    choice (NICs with the same name on every host). () for one host, or when the probe cannot run."""
+    if cfg.network_interface:
+        return tuple(cfg.network_interface.split(","))
+    if len(hosts) < 2 or len(clients) < len(hosts):
+        return ()
+    cached = None if cfg.no_cache else cached_nic_choice(hosts)
+    if cached is not None:
+        return tuple(cached)
+    routable, _, _ = probe_nics(clients, cfg.python or sys.executable)
+    names = [r.name for r in routable if r.subnet is None]
+    save_nic_choice(hosts, names)
+    return tuple(names)
+
+
+def run_check(cfg) -> CheckReport:
+    hosts = cfg.host_specs()
+    np = cfg.num_proc if cfg.num_proc is not None else sum(h.slots for h in hosts)
+    problems = []
+    try:
+        counts = ranks_per_host(hosts, np, cfg.oversubscribe)
+    except Exception as err:  # UsageError: reported as a problem, the rest is still checked
+        counts, problems = [0] * len(hosts), [str(err)]
+    checks, clients = collect_hosts(hosts, cfg)
+    try:
+        routable, reports, failures = [], {}, []
+        reached = [c for c in checks if c.ok]
+        need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
+        if need_nic and len(reached) == len(hosts) and len(clients) == len(hosts):
+            try:
+                routable, reports, failures = probe_nics(clients, cfg.python or sys.executable)
+            except HostError as err:
+                problems.append(str(err))
+        elif need_nic and len(clients) < len(hosts) and len(reached) == len(hosts):
+            problems.append("the NIC probe needs SSH to every host; list this machine by a remote-reachable name")
+        nic_names = [r.name for r in routable]
+        if cfg.network_interface:
+            pinned = cfg.network_interface.split(",")
+            missing = [n for n in pinned if n not in nic_names]
+            if need_nic and missing:
+                problems.append(f"--network-interface {','.join(missing)}: not routable between all hosts (routable: {', '.join(nic_names) or 'none'})")
+            nic_names = pinned
+        local = {h.name: c for h, c in zip(hosts, counts)}
+        more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not cfg.network_interface,
+                                  allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc or 1,
+                                  mpi=cfg.mpi != "none")
+        problems += more
+        ranks = []
+        if not problems:
+            pools = {c.host: tuple(c.facts.get("gpus", ())) for c in checks}
+            ranks = assign_ranks(hosts, np, oversubscribe=cfg.oversubscribe, gpu_pools=pools,
+                                 gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing)
+        if routable:
+            save_nic_choice(hosts, nic_names)
+        return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings)
+    finally:
+        for c in clients.values():
+            c.close()
+
+
+def _cache_path(hosts: list[HostSpec]) -> str:
+    key = hashlib.sha256(",".join(sorted(str(h) for h in hosts)).encode()).hexdigest()[:16]
+    return os.path.join(CACHE_DIR, f"nics-{key}.json")
+
+
+def save_nic_choice(hosts: list[HostSpec], nics: list[str]) -> None:
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    with open(_cache_path(hosts), "w") as f:
+        json.dump({"time": time.time(), "nics": nics}, f)
+
+
+def cached_nic_choice(hosts: list[HostSpec]) -> list[str] | None:
+    try:
+        with open(_cache_path(hosts)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc["nics"] if time.time() - doc.get("time", 0) < CACHE_TTL else None

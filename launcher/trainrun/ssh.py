@@ -1,0 +1,284 @@
+"""SSH to remote hosts: options, ssh_config resolution, connecting with failures classified by stage, and the
+one place the remote shell command line is built.
+
+This is the only module that imports paramiko; the launcher imports it only when a job has a remote host.
+
+Every connection failure becomes a `HostError(host, stage, message, hint=...)` whose stage says how far the
+connection got:
+
+    dns      the host name does not resolve
+    tcp      no TCP connection: refused, unreachable, timed out
+    ssh      TCP is up but no SSH session: no or bad banner, protocol negotiation failed
+    hostkey  the host key is unknown (strict) or differs from known_hosts (always refused)
+    auth     the server refused every key, or a key cannot be read
+
+Messages are one line, with no traceback and no key material (only public-key fingerprints).
+"""
+from __future__ import annotations
+
+import fcntl
+import getpass
+import logging
+import os
+import re
+import shlex
+import socket
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+import paramiko
+
+from trainrun.errors import HostError, HostsError, UsageError
+
+log = logging.getLogger(__name__)
+
+PORT_HINT = "check -p/--ssh-port"
+KEY_HINT = "check -i/--ssh-identity-file and the remote user's authorized_keys"
+
+
+def _default_ssh_config() -> str | None:
+    path = os.path.expanduser("~/.ssh/config")
+    return path if os.path.isfile(path) else None
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """How to reach remote hosts. A None field is taken from the ssh config, then from OpenSSH's default
+    (port 22, the local user, ~/.ssh/id_* and the agent, ~/.ssh/known_hosts). Explicit fields win over the
+    config. `strict` refuses hosts not in known_hosts; otherwise they are trusted on first use and appended.
+    Raises UsageError for a bad port, timeout or a missing ssh config file."""
+
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    ssh_config: str | None = field(default_factory=_default_ssh_config)
+    known_hosts: str | None = None
+    strict: bool = False
+    connect_timeout: float = 10.0
+
+    def __post_init__(self):
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise UsageError(f"--ssh-port must be in 1..65535, not {self.port}")
+        if not self.connect_timeout > 0:
+            raise UsageError(f"SSH connect timeout must be positive, not {self.connect_timeout}")
+        if self.ssh_config is not None and not os.path.isfile(os.path.expanduser(self.ssh_config)):
+            raise UsageError(f"ssh config file {self.ssh_config} does not exist")
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Where and as whom to connect for one host name, after the ssh config and the options."""
+
+    host: str                       # the name as the user gave it; used in every message
+    hostname: str                   # what is resolved and connected to
+    port: int
+    user: str
+    identity_files: tuple[str, ...]  # empty: ~/.ssh/id_* and the agent, like ssh
+    identities_only: bool            # True: only identity_files, no agent
+    known_hosts: str
+
+
+def resolve(host: str, opts: SSHOptions) -> SSHTarget:
+    """Apply the ssh config's HostName, Port, User, IdentityFile, IdentitiesOnly and UserKnownHostsFile (the
+    first file: read and appended to) to `host`, then the explicit options. IdentityFiles from the config that
+    do not exist are skipped, like ssh does. Raises UsageError for an unreadable config or a bad Port."""
+    cfg: dict = {}
+    if opts.ssh_config:
+        path = os.path.expanduser(opts.ssh_config)
+        try:
+            cfg = paramiko.SSHConfig.from_path(path).lookup(host)
+        except (OSError, paramiko.SSHException) as e:
+            raise UsageError(f"cannot read ssh config {path}: {e}") from None
+    try:
+        port = opts.port or int(cfg.get("port", 22))
+    except ValueError:
+        raise UsageError(f"{opts.ssh_config}: bad Port {cfg['port']!r} for host {host}") from None
+    if opts.identity_file:
+        identities, only = (os.path.expanduser(opts.identity_file),), True
+    else:
+        found = (os.path.expanduser(p) for p in cfg.get("identityfile", []))
+        identities, only = tuple(p for p in found if os.path.isfile(p)), cfg.get("identitiesonly") == "yes"
+    config_known = (cfg.get("userknownhostsfile") or "").split()
+    known = opts.known_hosts or (config_known[0] if config_known else "~/.ssh/known_hosts")
+    return SSHTarget(host=host, hostname=cfg.get("hostname", host), port=port,
+                     user=opts.user or cfg.get("user") or getpass.getuser(),
+                     identity_files=identities, identities_only=only, known_hosts=os.path.expanduser(known))
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """The host is not in known_hosts and strict host key checking is on."""
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for a host with no known key: refuse when strict, else trust on first use."""
+
+    def __init__(self, known_hosts: str, strict: bool):
+        self.known_hosts, self.strict = known_hosts, strict
+
+    def missing_host_key(self, client, hostname, key):
+        if self.strict:
+            raise UnknownHostKey(hostname)
+        _append_known_host(self.known_hosts, hostname, key)
+        log.warning("%s: unknown host, added its %s key %s to %s", hostname, key.get_name(), key.fingerprint,
+                    self.known_hosts)
+
+
+def _append_known_host(path: str, hostname: str, key: paramiko.PKey) -> None:
+    """Append one known_hosts line; safe against concurrent appends from threads and processes."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        sep = b"" if size == 0 or os.pread(fd, 1, size - 1) == b"\n" else b"\n"
+        os.write(fd, sep + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def known_hosts_lines(path: str, name: str) -> list[int]:
+    """1-based numbers of the lines of known_hosts file `path` that name host `name` (plain or hashed)."""
+    lines = []
+    try:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                fields = line.split()
+                if len(fields) < 3 or line.lstrip().startswith("#"):
+                    continue
+                names = fields[1] if fields[0].startswith("@") else fields[0]
+                for entry in names.split(","):
+                    hashed = entry.startswith("|1|")
+                    if entry == name or (hashed and paramiko.HostKeys.hash_host(name, entry) == entry):
+                        lines.append(number)
+                        break
+    except OSError:
+        pass
+    return lines
+
+
+def connect(host: str, opts: SSHOptions) -> paramiko.SSHClient:
+    """An authenticated SSHClient for `host` (the caller closes it). Raises HostError classified by stage
+    (see the module docstring) or UsageError for a bad ssh config."""
+    t = resolve(host, opts)
+    if opts.identity_file and not os.access(t.identity_files[0], os.R_OK):
+        raise HostError(host, "auth", f"cannot read identity file {t.identity_files[0]}",
+                        hint="check -i/--ssh-identity-file")
+    client = paramiko.SSHClient()
+    try:
+        if os.path.exists(t.known_hosts):
+            client.load_system_host_keys(t.known_hosts)
+        client.set_missing_host_key_policy(_HostKeyPolicy(t.known_hosts, opts.strict))
+        timeout = opts.connect_timeout
+        client.connect(t.hostname, t.port, username=t.user, key_filename=list(t.identity_files) or None,
+                       look_for_keys=not t.identity_files, allow_agent=not t.identities_only,
+                       timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+    except (OSError, EOFError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as e:
+        transport = client.get_transport()
+        authenticating = bool(transport and transport.active and transport.initial_kex_done)
+        client.close()
+        raise classify(t, e, authenticating) from None
+    return client
+
+
+def classify(t: SSHTarget, e: BaseException, authenticating: bool = False) -> HostError:
+    """The HostError (stage, one-line message, hint) for exception `e` raised while connecting to `t`;
+    `authenticating`: the key exchange was done (so a protocol error is about the keys)."""
+    where = f"{t.hostname}:{t.port}"
+    if isinstance(e, socket.gaierror):
+        return HostError(t.host, "dns", f"cannot resolve {t.hostname!r}: {e.strerror}",
+                         hint="check the host name and any HostName in the ssh config")
+    if isinstance(e, paramiko.BadHostKeyException):
+        name = t.hostname if t.port == 22 else f"[{t.hostname}]:{t.port}"
+        lines = known_hosts_lines(t.known_hosts, name)
+        at = f"line {lines[0]} of {t.known_hosts}" if lines else t.known_hosts
+        return HostError(t.host, "hostkey", f"host key for {name} CHANGED: it offers {e.key.get_name()} "
+                         f"{e.key.fingerprint}, {at} has {e.expected_key.fingerprint}; refusing to connect",
+                         hint=f"if the host was reinstalled, delete {at}; otherwise someone may be intercepting")
+    if isinstance(e, UnknownHostKey):
+        return HostError(t.host, "hostkey", f"{t.hostname} is not in {t.known_hosts} and host keys are checked "
+                         "strictly", hint=f"add its key to {t.known_hosts} (ssh-keyscan) or turn strict checking off")
+    if isinstance(e, paramiko.hostkeys.InvalidHostKey):
+        return HostError(t.host, "hostkey", f"unreadable line in {t.known_hosts}: {_one_line(e.line)}",
+                         hint=f"fix or delete that line of {t.known_hosts}")
+    if isinstance(e, paramiko.PasswordRequiredException):
+        return HostError(t.host, "auth", "the identity file is encrypted and no passphrase can be asked",
+                         hint="load the key into ssh-agent, or check -i/--ssh-identity-file")
+    keys = ", ".join(t.identity_files) or "~/.ssh/id_* and the agent"
+    if isinstance(e, paramiko.AuthenticationException):
+        return HostError(t.host, "auth", f"{t.user}@{where} accepted none of the keys ({keys})", hint=KEY_HINT)
+    if authenticating and isinstance(e, paramiko.SSHException):
+        return HostError(t.host, "auth", f"cannot authenticate as {t.user}@{where} with {keys}: "
+                         f"{_one_line(str(e))}", hint=KEY_HINT)
+    if isinstance(e, (paramiko.SSHException, EOFError)):
+        return HostError(t.host, "ssh", f"no SSH session with {where}: {_one_line(str(e)) or 'connection closed'}",
+                         hint=f"is an SSH server listening on port {t.port}? {PORT_HINT}")
+    if isinstance(e, (TimeoutError, socket.timeout)):
+        return HostError(t.host, "tcp", f"connection to {where} timed out",
+                         hint=f"is the host up and the port open? {PORT_HINT}")
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        e = next(iter(e.errors.values()))
+    if isinstance(e, ConnectionRefusedError):
+        return HostError(t.host, "tcp", f"connection to {where} refused",
+                         hint=f"is sshd running there? {PORT_HINT}")
+    return HostError(t.host, "tcp", f"cannot connect to {where}: {e.strerror or _one_line(str(e))}",
+                     hint="check the host's address and network")
+
+
+def _one_line(text: str, limit: int = 120) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def connect_all(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -> dict[str, paramiko.SSHClient]:
+    """Connect to every host (duplicates once) with at most `parallelism` connections in flight. Returns
+    {host: client} in the given order; the caller closes them. If any host fails, closes the clients that
+    succeeded and raises HostsError with every host's HostError (UsageError as is)."""
+    hosts = list(dict.fromkeys(hosts))
+    pool = ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(hosts))), thread_name_prefix="ssh-connect")
+    futures = {h: pool.submit(connect, h, opts) for h in hosts}
+    try:
+        wait(futures.values())
+    except BaseException:  # Ctrl-C: let started connects end, close what connected
+        pool.shutdown(wait=True, cancel_futures=True)
+        _close_connected(futures.values())
+        raise
+    pool.shutdown()
+    errors = [f.exception() for f in futures.values() if f.exception()]
+    if errors:
+        _close_connected(futures.values())
+        others = [e for e in errors if not isinstance(e, HostError)]
+        raise others[0] if others else HostsError(errors)
+    return {h: f.result() for h, f in futures.items()}
+
+
+def _close_connected(futures) -> None:
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is None:
+            f.result().close()
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
+    """The one shell command line run on a remote host: `cd CWD && exec env K=V ... ARGV...` (parts left out
+    when cwd or env is empty). Every piece goes through shlex.quote, so a POSIX login shell (sh, bash, dash,
+    zsh, ksh) runs exactly argv with exactly env, whatever characters they hold. Env rides on the command
+    line because sshd drops most channel env. Raises ValueError for an empty argv, a program name env would
+    misread (starting with '-' or holding '='), a bad variable name, a cwd starting with '-', or a NUL byte."""
+    env = dict(env or {})
+    if not argv:
+        raise ValueError("empty argv")
+    if argv[0].startswith("-") or "=" in argv[0]:
+        raise ValueError(f"program name {argv[0]!r} would be read by env as an option or assignment")
+    bad = [k for k in env if not _ENV_NAME.match(k)]
+    if bad:
+        raise ValueError(f"invalid environment variable name {bad[0]!r}")
+    if cwd is not None and (not cwd or cwd.startswith("-")):
+        raise ValueError(f"invalid remote working directory {cwd!r}")
+    pieces = [*argv, *env.values(), cwd or ""]
+    if any("\0" in p for p in pieces):
+        raise ValueError("NUL byte in argv, env or cwd")
+    command = shlex.join(["exec", *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv])
+    return f"cd {shlex.quote(cwd)} && {command}" if cwd is not None else command
