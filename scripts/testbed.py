@@ -149,10 +149,9 @@ class Testbed:
         """The pid of host i's listening sshd, or None when it is stopped."""
         try:
             pid = int((self.host(i).dir / "sshd.pid").read_text())
-            os.kill(pid, 0)
-            return pid
-        except (FileNotFoundError, ValueError, ProcessLookupError):
+        except (FileNotFoundError, ValueError):
             return None
+        return pid if _alive(pid) else None
 
     def start_sshd(self, i: int) -> None:
         """Start host i's sshd (no-op if running) and return once it answers with an SSH banner."""
@@ -166,7 +165,7 @@ class Testbed:
         pid = self.sshd_pid(i)
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-            _wait(lambda: not Path(f"/proc/{pid}").exists(), f"sshd {pid} did not exit")
+            _wait(lambda: not _alive(pid), f"sshd {pid} did not exit")
         (self.host(i).dir / "sshd.pid").unlink(missing_ok=True)
 
 
@@ -273,11 +272,13 @@ def _build_host(h: Host, st: Path) -> None:
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.dir / "ssh_host_ed25519_key"))
     (h.dir / "sshd_config").write_text(SSHD_CONFIG.format(d=h.dir, state=st))
     # `ip netns exec` gives a mount namespace with this netns's /sys; unshare adds the host's own UTS + mounts.
-    # setsid -f: the holder is re-parented to init, so nobody has to reap it.
+    # setsid -f: the holder is re-parented to init, so nobody has to reap it. It must not inherit a pipe.
     script = (f"hostname {h.name} && mount --bind {st}/hosts /etc/hosts && echo $$ > {h.dir}/holder.pid"
               " && exec sleep infinity")
-    sh("setsid", "-f", "ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount", "--propagation", "private",
-       "sh", "-c", script)
+    with open(h.dir / "holder.log", "w") as log:
+        subprocess.run(["setsid", "-f", "ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount", "--propagation",
+                        "private", "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=log, check=True)
     _wait(lambda: (h.dir / "holder.pid").exists() and (h.dir / "holder.pid").read_text().strip(),
           f"holder of {h.name}")
     sh("nsenter", "-t", (h.dir / "holder.pid").read_text().strip(), "-n", "-u", "-m", "--",
@@ -298,7 +299,7 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
                 pass
         deadline = time.monotonic() + 2
         while pids and time.monotonic() < deadline:
-            pids = {p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"}
+            pids = {p for p in pids if _alive(p)}
             time.sleep(0.02)
     for ns in nss:
         sh("ip", "netns", "del", ns, check=False)  # also removes the veth pairs with an end inside
@@ -312,11 +313,12 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
     return left + ([str(st)] if st.exists() else [])
 
 
-def _state(pid: int) -> str:
+def _alive(pid: int) -> bool:
+    """True while pid runs; a zombie counts as gone (daemons are re-parented to a pid 1 that may not reap)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, IndexError):
-        return "Z"
+        return False
 
 
 def lock(blocking: bool) -> int | None:

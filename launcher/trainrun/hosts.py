@@ -165,18 +165,14 @@ def _local_addresses() -> frozenset[str]:
 
 @lru_cache(maxsize=None)
 def is_local_name(name: str) -> bool:
-    """True for localhost, 127.x, ::1, this machine's hostname and any of its addresses.
+    """True for localhost, 127.x, ::1, this machine's hostname (short or full) and any of its addresses.
 
-    Names are resolved only when they are not obviously local; a name that does not resolve is remote.
+    No name is looked up in DNS (that would be slow and send queries off the machine): another alias
+    of this machine counts as remote and is reached over SSH, which works too.
     """
-    if name in _LOCAL_NAMES or name.startswith("127.") or name == socket.gethostname():
+    if name in _LOCAL_NAMES or name.startswith("127."):
         return True
-    if name in _local_addresses():
+    own = socket.gethostname()
+    if name in (own, own.split(".")[0]):
         return True
-    if re.fullmatch(r"[0-9.]+|[0-9A-Fa-f:]+", name):
-        return False
-    try:
-        infos = socket.getaddrinfo(name, None)
-    except (socket.gaierror, UnicodeError):
-        return False
-    return any(info[4][0] in _local_addresses() or info[4][0].startswith("127.") for info in infos)
+    return name in _local_addresses()

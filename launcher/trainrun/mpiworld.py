@@ -8,10 +8,14 @@ MPI_Abort (exit with the abort code), protocol errors, and ranks that never join
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from trainrun.pmi import PmiJob, PmiServer, new_kvsname, process_mapping, remove_shm_segments
 from trainrun.plan import LaunchPlan
+
+
+log = logging.getLogger("trainrun")
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class MpiWorld:
         if step.initialized and self._first_init is None:
             self._first_init = now
         self.initialized.update(step.initialized)
+        for r, msg in step.unsupported:
+            log.warning("rank %d: %s", r, msg)
         if step.aborted:
             r, code, _msg = step.aborted
             return step.replies, WorldProblem(r, code, f"called MPI_Abort with code {code}")

@@ -147,21 +147,27 @@ def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str, timeout:
     """Run the probe on every host over its SSH client (`python` must have trainrun installed on each host).
     Every host serves, then all probe at once; servers end when their channel closes, which this function
     does before it returns or raises. Raises HostsError (stage "probe") naming each host that failed."""
+    import paramiko
+
     from trainrun.ssh import remote_command
 
     nonces = {h: secrets.token_hex(8) for h in clients}
     channels = []
 
     def start(host: str, argv: list[str]):
-        ch = clients[host].get_transport().open_session(timeout=timeout)
-        channels.append(ch)
-        ch.settimeout(timeout)
-        ch.exec_command(remote_command([python, "-m", "trainrun.nics", *argv]))
-        return ch
+        try:
+            ch = clients[host].get_transport().open_session(timeout=timeout)
+            channels.append(ch)
+            ch.settimeout(timeout)
+            ch.exec_command(remote_command([python, "-m", "trainrun.nics", *argv]))
+            return ch
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise HostsError([HostError(host, "probe", f"cannot start the NIC probe: {e or type(e).__name__}",
+                                        hint="the SSH connection was lost")]) from None
 
     try:
         servers = {h: start(h, ["serve", h, nonces[h]]) for h in clients}
-        tables = _gather({h: lambda ch=ch: ch.makefile("rb").readline() for h, ch in servers.items()}, servers)
+        tables = _gather(servers, lambda ch: ch.makefile("rb").readline())
         probers = {}
         for h in clients:
             targets = [[d, name, addr, port, f"{d} {nonces[d]}"]
@@ -169,7 +175,7 @@ def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str, timeout:
             probers[h] = ch = start(h, ["probe"])
             ch.sendall(json.dumps({"targets": targets, "timeout": min(timeout, 2.0)}).encode())
             ch.shutdown_write()
-        results = _gather({h: lambda ch=ch: ch.makefile("rb").read() for h, ch in probers.items()}, probers)
+        results = _gather(probers, lambda ch: ch.makefile("rb").read())
     finally:
         for ch in channels:
             ch.close()
@@ -178,14 +184,14 @@ def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str, timeout:
     return ProbeResult(reports, reach)
 
 
-def _gather(readers: dict, channels: dict) -> dict:
-    """{host: parsed JSON of reader()}; one HostError per host whose output is missing or not JSON."""
+def _gather(channels: dict, read) -> dict:
+    """{host: JSON parsed from read(its channel)}; raises HostsError with each host whose output is missing
+    or not JSON, naming the last line of its stderr."""
     out, failures = {}, []
-    for host, read in readers.items():
+    for host, ch in channels.items():
         try:
-            out[host] = json.loads(read())
-        except (OSError, ValueError) as e:
-            ch = channels[host]  # at EOF all stderr has arrived; after a timeout take what is there
+            out[host] = json.loads(read(ch))
+        except (OSError, ValueError) as e:  # at EOF all stderr has arrived; after a timeout take what is there
             err = ch.recv_stderr(65536).decode(errors="replace").strip().splitlines() if ch.recv_stderr_ready() else []
             why = err[-1] if err else f"no answer ({type(e).__name__})"
             failures.append(HostError(host, "probe", f"NIC probe failed: {why}",

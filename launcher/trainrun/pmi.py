@@ -30,6 +30,10 @@ _TOKEN = re.compile(r"([A-Za-z0-9_/-]+)=((?:\\.|[^ \\])+)(?: +|$)")
 _UNESCAPE = re.compile(r"\\(.)")
 
 
+# Services a process manager may decline: the rank gets rc=-1 and MPI returns an error to the program.
+OPTIONAL_COMMANDS = ("publish_name", "unpublish_name", "lookup_name")
+
+
 class PmiProtocolError(ValueError):
     """A line that is not PMI-1 wire format; the message says what is wrong with it."""
 
@@ -59,8 +63,9 @@ class PmiStep:
     finalized: ranks that sent `finalize`: they may now exit with code 0 without failing the job.
     aborted: `(rank, exitcode, message)` when a rank called MPI_Abort. MPICH does not end its processes
         then: the loop must kill the whole job and exit with `exitcode`.
-    errors: `(rank, message)` per protocol violation (malformed line, unknown or unsupported command,
-        bad argument). The rank got an `rc=-1` reply where one was possible; the job cannot go on
+    unsupported: `(rank, message)` per optional service trainrun does not offer (name publishing): the
+        rank got `rc=-1` and MPI reports the failure to the program, as with Hydra's "not found"; the job goes on.
+    errors: `(rank, message)` per protocol violation (malformed line, unknown command, bad argument). The rank got an `rc=-1` reply where one was possible; the job cannot go on
         correctly, so the loop should fail it (Hydra does the same).
     """
 
@@ -69,6 +74,7 @@ class PmiStep:
     finalized: list[int] = field(default_factory=list)
     aborted: tuple[int, int, str] | None = None
     errors: list[tuple[int, str]] = field(default_factory=list)
+    unsupported: list[tuple[int, str]] = field(default_factory=list)
 
 
 def parse_line(line: bytes) -> tuple[str, dict[str, str]]:
@@ -141,6 +147,11 @@ class PmiServer:
             return
         try:
             handler = getattr(self, f"_cmd_{cmd}", None)
+            if handler is None and cmd in OPTIONAL_COMMANDS:
+                message = f"cmd={cmd}: not offered by trainrun (MPI name publishing)"
+                step.unsupported.append((rank, message))
+                step.replies.append((rank, format_line(_REPLY_NAME.get(cmd, f"{cmd}_result"), rc=-1, msg=message)))
+                return
             if handler is None:
                 raise PmiProtocolError("unknown or unsupported command")
             handler(rank, args, step)

@@ -82,7 +82,6 @@ def test_abort_is_reported_without_reply():
 
 @pytest.mark.parametrize("line, reply_prefix, error", [
     (b"cmd=bogus x=1", b"cmd=bogus_result rc=-1 msg=cmd=bogus:\\ unknown", "cmd=bogus: unknown or unsupported"),
-    (b"cmd=publish_name service=s port=p", b"cmd=publish_result rc=-1", "cmd=publish_name: unknown"),
     (b"cmd=init pmi_version=2 pmi_subversion=0", b"cmd=response_to_init rc=-1", "PMI version 2.0"),
     (b"cmd=get key=a kvsname=other", b"cmd=get_result rc=-1", "unknown KVS 'other'"),
     (b"cmd=put kvsname=trainrun_job1_abc key=" + b"k" * 65 + b" value=v", b"cmd=put_result rc=-1", "exceeds"),
@@ -94,6 +93,16 @@ def test_bad_commands_get_an_error_reply_and_are_reported(line, reply_prefix, er
     step = server().feed(1, line + b"\n")
     assert len(step.replies) == 1 and step.replies[0][1].startswith(reply_prefix)
     assert len(step.errors) == 1 and step.errors[0][0] == 1 and error in step.errors[0][1]
+
+
+@pytest.mark.parametrize("line, reply", [
+    (b"cmd=publish_name service=s port=p", b"cmd=publish_result rc=-1"),
+    (b"cmd=lookup_name service=s", b"cmd=lookup_result rc=-1"),
+])
+def test_optional_services_are_declined_without_failing_the_job(line, reply):
+    step = server().feed(1, line + b"\n")
+    assert step.errors == [] and len(step.unsupported) == 1
+    assert len(step.replies) == 1 and step.replies[0][1].startswith(reply)
 
 
 @pytest.mark.parametrize("line, error", [

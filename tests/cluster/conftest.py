@@ -1,0 +1,58 @@
+"""The `cluster` fixture: 3 simulated hosts (scripts/testbed.py) for the whole test session.
+
+Skips with the reason when the machine cannot host them (not root, no namespaces, no sshd), when another
+session holds the testbed lock for longer than LOCK_WAIT_S, or when a testbed brought up from the command
+line is in the way. Always tears the hosts down, also after failures; a testbed left behind by a killed
+test session is removed first. Every test in this folder is marked `cluster`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location("trainrun_testbed", Path(__file__).parents[2] / "scripts/testbed.py")
+testbed = sys.modules["trainrun_testbed"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(testbed)
+
+HOSTS = 3
+LOCK_WAIT_S = 120
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A testbed.Testbed with HOSTS hosts: .hosts (testbed.Host: name, mgmt_ip, data_ip, ...), .ssh_config,
+    .key, .known_hosts, .hostfile (Paths), .run(i, argv) inside host i, .stop_sshd(i) / .start_sshd(i).
+    Tests that stop an sshd or change files must restore them (the fixture is shared)."""
+    reason = testbed.missing_requirement()
+    if reason:
+        pytest.skip(f"cluster tests: {reason}")
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while (fd := testbed.lock(blocking=False)) is None:
+        if time.monotonic() > deadline:
+            pytest.skip(f"cluster tests: testbed busy for {LOCK_WAIT_S} s (lock {testbed.LOCK_FILE} held)")
+        time.sleep(0.5)
+    try:
+        if testbed.namespaces():
+            if (testbed.STATE_DIR / "state.json").exists() and testbed.Testbed().owner == "cli":
+                pytest.skip("cluster tests: a testbed is up from the command line; "
+                            "run `scripts/testbed.py down` first")
+            testbed.down()  # left by a killed test session: we hold the lock, so nobody uses it
+        try:
+            yield testbed.up(HOSTS, owner=f"pytest:{os.getpid()}")
+        finally:
+            left = testbed.down()
+            assert not left, f"testbed teardown left {left}"
+    finally:
+        os.close(fd)
