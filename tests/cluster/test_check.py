@@ -1,0 +1,87 @@
+"""`trainrun --check` against the simulated hosts: facts, the NIC probe's choice, and every failure
+stage named with its host and a non-zero exit."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+CHECK_FAILED = 4
+
+
+def check(cluster, *args, cwd, config=None):
+    argv = [sys.executable, "-m", "trainrun", "--ssh-config", str(config or cluster.ssh_config), "--check", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_check_passes_and_finds_the_routable_nics(cluster, tmp_path):
+    r = check(cluster, "--hostfile", str(cluster.hostfile), "--no-cache", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "routable between all hosts: eth0, eth1" in r.stdout
+    assert "verdict: OK, 6 rank(s) on 3 host(s) can run" in r.stdout
+    rows = {tuple(line.split()[:2]): line for line in r.stdout.splitlines() if line.startswith("  h")}
+    assert "excluded" in rows[("h1", "docker0")]
+    assert "not routable" in rows[("h2", "eth2")]
+    doc = json.loads(check(cluster, "--hostfile", str(cluster.hostfile), "--json", cwd=tmp_path).stdout)
+    assert doc["ok"] and doc["nics"] == ["eth0", "eth1"]
+    assert [h["facts"]["hostname"] for h in doc["hosts"]] == ["h1", "h2", "h3"]
+    assert all(h["facts"]["vendor"] == "MPICH" and h["facts"]["cpus"] >= 1 for h in doc["hosts"])
+    assert len(doc["ranks"]) == 6
+
+
+def test_launch_exports_the_probed_nics(cluster, tmp_path):
+    code = "import os; print(os.environ['NCCL_SOCKET_IFNAME'], os.environ['GLOO_SOCKET_IFNAME'], os.environ['UCX_NET_DEVICES'])"
+    argv = [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config), "--no-cache", "-H", "h1:1,h3:1",
+            "python", "-c", code]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert {line.split(":", 1)[1] for line in r.stdout.splitlines()} == {"eth0,eth1 eth0,eth1 eth0,eth1"}
+    pinned = subprocess.run([*argv[:5], "--network-interface", "eth1", *argv[5:]], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert {line.split(":", 1)[1] for line in pinned.stdout.splitlines()} == {"eth1 eth1 eth1"}
+
+
+def test_pinned_nic_that_does_not_route_fails(cluster, tmp_path):
+    r = check(cluster, "--hostfile", str(cluster.hostfile), "--network-interface", "eth2", cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED
+    assert "problem: --network-interface eth2: not routable between all hosts (routable: eth0, eth1)" in r.stdout
+
+
+def test_stopped_sshd_names_the_host(cluster, tmp_path):
+    cluster.stop_sshd(2)
+    try:
+        r = check(cluster, "--hostfile", str(cluster.hostfile), cwd=tmp_path)
+    finally:
+        cluster.start_sshd(2)
+    assert r.returncode == CHECK_FAILED
+    assert "problem: h2: tcp: connection to 10.241.0.3:22 refused" in r.stdout
+    assert "h1 " in r.stdout and "FAILED at tcp" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_wrong_port_names_every_host(cluster, tmp_path):
+    r = check(cluster, "--hostfile", str(cluster.hostfile), "-p", "2222", cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED
+    for h, ip in (("h1", "10.241.0.2"), ("h2", "10.241.0.3"), ("h3", "10.241.0.4")):
+        assert f"problem: h{h[1]}: tcp: connection to {ip}:2222 refused" in r.stdout
+
+
+def test_wrong_key_is_an_auth_failure(cluster, tmp_path):
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    r = check(cluster, "-H", "h1:2", "-i", str(key), cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED
+    assert "problem: h1: auth: root@10.241.0.2:22 accepted none of the keys" in r.stdout
+
+
+def test_changed_host_key_is_refused(cluster, tmp_path):
+    other = tmp_path / "hostkey"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    lines = cluster.known_hosts.read_text().splitlines()
+    lines[2] = lines[2].split()[0] + " " + " ".join(other.with_suffix(".pub").read_text().split()[:2])  # h3
+    kh = tmp_path / "known_hosts"
+    kh.write_text("\n".join(lines) + "\n")
+    config = tmp_path / "ssh_config"
+    config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(kh)))
+    r = check(cluster, "--hostfile", str(cluster.hostfile), cwd=tmp_path, config=config)
+    assert r.returncode == CHECK_FAILED
+    assert f"problem: h3: hostkey: host key for 10.241.0.4 CHANGED" in r.stdout and f"line 3 of {kh}" in r.stdout
