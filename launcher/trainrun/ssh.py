@@ -80,14 +80,15 @@ class SSHTarget:
 
 
 def resolve(host: str, opts: SSHOptions) -> SSHTarget:
-    """Apply the ssh config's HostName, Port, User, IdentityFile, IdentitiesOnly and UserKnownHostsFile (the
+    """`host` may be `user@name` (that user wins over everything). Apply the ssh config's HostName, Port, User, IdentityFile, IdentitiesOnly and UserKnownHostsFile (the
     first file: read and appended to) to `host`, then the explicit options. IdentityFiles from the config that
     do not exist are skipped, like ssh does. Raises UsageError for an unreadable config or a bad Port."""
+    given_user, _, name = host.rpartition("@")  # `user@host` from -H or a hostfile
     cfg: dict = {}
     if opts.ssh_config:
         path = os.path.expanduser(opts.ssh_config)
         try:
-            cfg = paramiko.SSHConfig.from_path(path).lookup(host)
+            cfg = paramiko.SSHConfig.from_path(path).lookup(name)
         except (OSError, paramiko.SSHException) as e:
             raise UsageError(f"cannot read ssh config {path}: {e}") from None
     try:
@@ -101,8 +102,8 @@ def resolve(host: str, opts: SSHOptions) -> SSHTarget:
         identities, only = tuple(p for p in found if os.path.isfile(p)), cfg.get("identitiesonly") == "yes"
     config_known = (cfg.get("userknownhostsfile") or "").split()
     known = opts.known_hosts or (config_known[0] if config_known else "~/.ssh/known_hosts")
-    return SSHTarget(host=host, hostname=cfg.get("hostname", host), port=port,
-                     user=opts.user or cfg.get("user") or getpass.getuser(),
+    return SSHTarget(host=host, hostname=cfg.get("hostname", name), port=port,
+                     user=given_user or opts.user or cfg.get("user") or getpass.getuser(),
                      identity_files=identities, identities_only=only, known_hosts=os.path.expanduser(known))
 
 

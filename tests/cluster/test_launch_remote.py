@@ -59,7 +59,7 @@ def test_six_ranks_on_three_hosts(cluster, tmp_path):
 def test_arguments_arrive_intact(cluster, tmp_path):
     nasty = ["a b", "it's", '"q"', "x; touch /tmp/pwned-trainrun", "$(id)", "`id`", "tab\there", "ünïcode", "-np", "3"]
     code = "import sys, json; print(json.dumps(sys.argv[1:]))"
-    r = trainrun(cluster, "-H", "h2:1", "python", "-c", code, *nasty, cwd=tmp_path)
+    r = trainrun(cluster, "-H", "root@h2:1", "python", "-c", code, *nasty, cwd=tmp_path)  # user@host too
     assert r.returncode == 0, r.stderr
     import json
 

@@ -74,6 +74,8 @@ def test_resolve_applies_config_then_explicit_options(tmp_path):
     t = resolve("n1", SSHOptions(ssh_config=str(config), port=22, user="bob", identity_file="~/k",
                                  known_hosts="/kh"))
     assert (t.port, t.user, t.identity_files, t.known_hosts) == (22, "bob", (os.path.expanduser("~/k"),), "/kh")
+    t = resolve("carol@n1", SSHOptions(ssh_config=str(config), user="bob"))
+    assert (t.host, t.hostname, t.port, t.user) == ("carol@n1", "10.0.0.5", 2200, "carol")  # user@host wins
     t = resolve("other", SSHOptions(ssh_config=None))
     assert (t.hostname, t.port, t.identity_files, t.identities_only) == ("other", 22, (), False)
     assert t.known_hosts == os.path.expanduser("~/.ssh/known_hosts")
