@@ -88,6 +88,12 @@ def cli(command, json_, **options):
     from trainrun.config import LaunchConfig
     from trainrun.launch import launch
 
+    ctx = click.get_current_context()
+    from_cli = {n for n in ("hosts", "hostfile") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
+    if from_cli == {"hosts"}:  # the command line's hosts replace the config file's, whichever form
+        options["hostfile"] = None
+    elif from_cli == {"hostfile"}:
+        options["hosts"] = None
     if not command and not options["check"]:
         raise click.UsageError("Missing argument 'COMMAND...'.")
     if options["verbose"]:

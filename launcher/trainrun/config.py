@@ -117,6 +117,8 @@ def load_config_file(path: str, ctx: click.Context) -> dict:
             value = ",".join(map(str, value))
         if param.multiple and not isinstance(value, list):
             value = [value]
+        if param.multiple and any(isinstance(v, (list, dict)) for v in value):
+            raise UsageError(f"{path}: key '{key}': expected a list of plain values, e.g. [A=1, B=2]")
         if not param.multiple and isinstance(value, (list, dict)):
             raise UsageError(f"{path}: key '{key}': expected a single value, got a {type(value).__name__}")
         try:

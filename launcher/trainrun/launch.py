@@ -12,7 +12,7 @@ from trainrun.config import LaunchConfig
 from trainrun.envcontract import JobInfo, forwarded_env
 from trainrun.hosts import HostSpec
 from trainrun.job import ProcessGroup
-from trainrun.output import OutputSink
+from trainrun.output import OutputSink, prepare_output_dir
 from trainrun.placement import assign_ranks, ranks_per_host
 from trainrun.plan import LaunchPlan, build_plan, plan_json, plan_table
 from trainrun.program import check_local_program, command_argv
@@ -57,6 +57,8 @@ def launch(cfg: LaunchConfig) -> int:
     remote = [h for h in hosts if not h.is_local]
     if len(remote) < len(hosts):
         check_local_program(cfg.command)
+    if cfg.output_dir and not cfg.dry_run:
+        prepare_output_dir(cfg.output_dir)
     local = launch_facts() if len(remote) < len(hosts) else {}
     facts = {h.name: local for h in hosts if h.is_local}
     if cfg.dry_run:

@@ -16,6 +16,23 @@ MAX_LINE = 1 << 16
 TAIL_LINES = 10
 
 
+def _cut(line: bytes) -> list[bytes]:
+    """A line as pieces of at most MAX_LINE bytes (an empty line stays one empty piece)."""
+    return [line[i:i + MAX_LINE] for i in range(0, len(line), MAX_LINE)] or [b""]
+
+
+def prepare_output_dir(path: str) -> None:
+    """Create --output-dir before any rank starts; UsageError if it cannot be."""
+    from trainrun.errors import UsageError
+
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--output-dir {path}: cannot create it ({err.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"--output-dir {path}: not writable")
+
+
 class OutputSink:
     def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None):
         if prefix not in ("rank", "timestamp", "none"):
@@ -46,7 +63,8 @@ class OutputSink:
         if not data:  # EOF: whatever is left is the last line
             lines, rest = ([buf] if buf else []), b""
         else:
-            *lines, rest = buf.split(b"\n")
+            *whole, rest = buf.split(b"\n")
+            lines = [piece for line in whole for piece in _cut(line)]
             while len(rest) > MAX_LINE:
                 lines.append(rest[:MAX_LINE])
                 rest = rest[MAX_LINE:]

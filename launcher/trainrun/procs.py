@@ -81,16 +81,16 @@ class LocalRanks:
                 self._start_one(spec, sel, watchdog, cores)
             except OSError as err:
                 self.kill()
-                code = 126 if isinstance(err, PermissionError) else 127
+                code = 127 if isinstance(err, FileNotFoundError) else 126  # as a shell: missing 127, cannot run 126
                 raise ProgramError(f"rank {spec.rank} on {spec.host}: cannot run {spec.argv[0]}: {err.strerror}", exit_code=code) from None
 
     def _start_one(self, spec: ProcessSpec, sel, watchdog: Watchdog, cores: list[set[int]]) -> None:
         env = host_env(spec, self.base_env, len(os.sched_getaffinity(0)))
+        env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # an outer launcher's PMI is not ours
         pass_fds, child_sock, parent_sock = (), None, None
         if self.pmi:
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
-            env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # a stray PMI_PORT means size 1
             env.update(pmi_rank_env(spec.rank, spec.assignment.size, child_sock.fileno()))
         preexec = None
         if spec.bind_to == "core" and cores:
