@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import sys
 
@@ -50,6 +49,8 @@ def mpi_facts() -> dict:
 
 def check_facts() -> dict:
     """Everything `trainrun --check` shows per host."""
+    import platform
+
     from trainrun.gpus import query_nvidia_smi
     from trainrun.nics import local_nics
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import uuid
 
 from trainrun.config import LaunchConfig
 from trainrun.envcontract import JobInfo, forwarded_env
@@ -40,7 +39,7 @@ def make_plan(cfg: LaunchConfig, hosts: list[HostSpec], np: int, facts: dict[str
     )
     rank0 = facts.get(hosts[0].name, {})
     job = JobInfo(
-        job_id=uuid.uuid4().hex[:12], master_addr=master_addr, master_port=rank0.get("free_port", 29500),
+        job_id=os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.get("free_port", 29500),
         nics=nics, isolate_gpus=cfg.gpus_per_proc is not None,
     )
     cwd = cfg.workdir or os.getcwd()
@@ -77,9 +76,11 @@ def launch(cfg: LaunchConfig) -> int:
         agents = open_agents(remote, cfg)
     try:
         facts.update({name: agent.facts for name, agent in agents.items()})
-        from trainrun.check_run import choose_nics
+        nics = ()
+        if agents:
+            from trainrun.check_run import choose_nics
 
-        nics = choose_nics(cfg, hosts, {name: a.link.client for name, a in agents.items()}) if agents else ()
+            nics = choose_nics(cfg, hosts, {name: a.link.client for name, a in agents.items()})
         plan = make_plan(cfg, hosts, np, facts, master_address(hosts[0], agents, nics), nics)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         sink = OutputSink(cfg.prefix, cfg.output_dir)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from dataclasses import dataclass, field
 
 KVSNAME_MAX = 256
@@ -271,7 +270,7 @@ def new_kvsname(job_id: str) -> str:
     a killed job with the same name breaks the next one. Characters outside `[A-Za-z0-9_.-]` become `_`.
     """
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
-    return f"trainrun_{safe}_{secrets.token_hex(6)}"
+    return f"trainrun_{safe}_{os.urandom(6).hex()}"
 
 
 def world_id(kvsname: str) -> int:
