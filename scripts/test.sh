@@ -4,7 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
-if [ "$(id -u)" = 0 ] && [ -x scripts/ci_docker_setup.sh ]; then
+if [ "$(id -u)" = 0 ]; then
+  # installs docker.io/mmdebstrap/compose if missing and starts dockerd if none answers; --stop at exit
+  # stops only a dockerd this script started
   bash scripts/ci_docker_setup.sh || echo "test.sh: docker engine set-up failed; docker tests will skip with the reason" >&2
+  trap 'bash scripts/ci_docker_setup.sh --stop >/dev/null 2>&1 || true' EXIT
 fi
-exec .venv/bin/python -m pytest -ra "$@"
+export TRAINRUN_DOCKER_TORCH=${TRAINRUN_DOCKER_TORCH:-1}   # the full run includes training across containers
+.venv/bin/python -m pytest -ra "$@"

@@ -21,23 +21,17 @@ CACHE_TTL = 3600.0
 CACHE_DIR = os.path.expanduser(os.environ.get("TRAINRUN_CACHE_DIR", "~/.cache/trainrun"))
 
 
-def _python_command(python: str, module: str) -> str:
-    from trainrun.ssh import remote_command
-
-    pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
-    return remote_command(["sh", "-c", pick, "trainrun", python, module])
-
-
 def _remote_facts(host: HostSpec, opts, python: str, timeout: float):
     """(HostCheck, client or None) for one remote host."""
     from trainrun import ssh
+    from trainrun.remote import python_module_command
 
     try:
         client = ssh.connect(str(host), opts)
     except HostError as err:
         return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})" if err.hint else err.message), None
     try:
-        _, out, err = client.exec_command(_python_command(python, "trainrun.facts"), timeout=timeout)
+        _, out, err = client.exec_command(python_module_command(python, "trainrun.facts"), timeout=timeout)
         text = out.read().decode()
         status = out.channel.recv_exit_status()
         if status != 0:
@@ -88,8 +82,9 @@ def collect_hosts(hosts: list[HostSpec], cfg) -> tuple[list[HostCheck], dict]:
     return [results[h.name] for h in hosts], clients
 
 
-def probe_nics(clients: dict, python: str, include_excluded: bool = False):
-    """(routable NICs as nics.RoutableNic, per-host reports, failure lines) via the probe over `clients`."""
+def probe_nics(clients: dict, python, include_excluded: bool = False):
+    """(routable NICs as nics.RoutableNic, per-host reports, failure lines) via the probe over `clients`;
+    `python`: each host's interpreter ({host: path}, from its facts) or one path for all."""
     from trainrun import nics
 
     result = nics.probe_hosts(clients, python)
@@ -113,7 +108,7 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
     return rows
 
 
-def choose_nics(cfg, hosts: list[HostSpec], clients: dict) -> tuple[str, ...]:
+def choose_nics(cfg, hosts: list[HostSpec], clients: dict, pythons: dict[str, str]) -> tuple[str, ...]:
     """The NICs a multi-host launch exports: --network-interface, else the cached or a fresh probe's
     choice (NICs with the same name on every host). () for one host, or when the probe cannot run."""
     if cfg.network_interface:
@@ -123,7 +118,7 @@ def choose_nics(cfg, hosts: list[HostSpec], clients: dict) -> tuple[str, ...]:
     cached = None if cfg.no_cache else cached_nic_choice(hosts)
     if cached is not None:
         return tuple(cached)
-    routable, _, _ = probe_nics(clients, cfg.python or sys.executable)
+    routable, _, _ = probe_nics(clients, pythons)
     names = [r.name for r in routable if r.subnet is None]
     save_nic_choice(hosts, names)
     return tuple(names)
@@ -144,7 +139,8 @@ def run_check(cfg) -> CheckReport:
         need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
         if need_nic and len(reached) == len(hosts) and len(clients) == len(hosts):
             try:
-                routable, reports, failures = probe_nics(clients, cfg.python or sys.executable)
+                pythons = {c.host: c.facts["python"] for c in checks}
+                routable, reports, failures = probe_nics(clients, pythons)
             except HostError as err:
                 problems.append(str(err))
         elif need_nic and len(clients) < len(hosts) and len(reached) == len(hosts):

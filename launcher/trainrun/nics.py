@@ -143,8 +143,9 @@ class ProbeResult:
         return [f"{s} -> {d} {n} {a}: {why}" for (s, d, n, a), why in sorted(self.reach.items()) if why != "ok"]
 
 
-def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str, timeout: float = 10.0) -> ProbeResult:
-    """Run the probe on every host over its SSH client (`python` must have trainrun installed on each host).
+def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str | Mapping[str, str], timeout: float = 10.0) -> ProbeResult:
+    """Run the probe on every host over its SSH client. `python` (one path, or one per host, e.g. what each
+    host's facts reported) must have trainrun installed there.
     Every host serves, then all probe at once; servers end when their channel closes, which this function
     does before it returns or raises. Raises HostsError (stage "probe") naming each host that failed."""
     import paramiko
@@ -159,7 +160,8 @@ def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str, timeout:
             ch = clients[host].get_transport().open_session(timeout=timeout)
             channels.append(ch)
             ch.settimeout(timeout)
-            ch.exec_command(remote_command([python, "-m", "trainrun.nics", *argv]))
+            exe = python if isinstance(python, str) else python[host]
+            ch.exec_command(remote_command([exe, "-m", "trainrun.nics", *argv]))
             return ch
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise HostsError([HostError(host, "probe", f"cannot start the NIC probe: {e or type(e).__name__}",

@@ -61,8 +61,8 @@ def build_plan(
     extra_env: dict[str, str],
     bind_to: str = "none",
 ) -> LaunchPlan:
-    procs = tuple(
-        ProcessSpec(a, argv, {**extra_env, **rank_env(a, job)}, cwd, bind_to) for a in assignments
+    procs = tuple(  # what the user exports with -x wins over what trainrun derives (e.g. the NIC choice)
+        ProcessSpec(a, argv, {**rank_env(a, job), **extra_env}, cwd, bind_to) for a in assignments
     )
     return LaunchPlan(job, procs)
 

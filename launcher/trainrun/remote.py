@@ -245,12 +245,17 @@ class SSHLink:
         self.client.close()
 
 
-def agent_command(python: str) -> str:
-    """The shell line that starts the agent: the requested interpreter if it exists there, else python3."""
+def python_module_command(python: str, module: str) -> str:
+    """The shell line that runs `python -m module` on a host: the requested interpreter if it exists
+    there, else python3 (the --python rule)."""
     from trainrun.ssh import remote_command
 
-    pick = 'p=$1; [ -x "$p" ] || p=python3; exec "$p" -m trainrun.agent'
-    return remote_command(["sh", "-c", pick, "trainrun-agent", python])
+    pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
+    return remote_command(["sh", "-c", pick, "trainrun", python, module])
+
+
+def agent_command(python: str) -> str:
+    return python_module_command(python, "trainrun.agent")
 
 
 def ssh_options(cfg):

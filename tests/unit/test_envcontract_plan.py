@@ -57,3 +57,9 @@ def test_gpu_detection_parsing():
     assert gpu_pool(gpus, None) == (0, 1)
     assert gpu_pool(gpus, "1") == (1,)
     assert gpu_pool(gpus, "") == ()
+
+
+def test_exported_env_wins_over_derived():
+    job = JobInfo("j", "x", 1, nics=("eth0",))
+    plan = build_plan(assign_ranks([HostSpec("a", 1)], 1), job, ("p",), "/w", {"NCCL_SOCKET_IFNAME": "ib0"})
+    assert plan.procs[0].env["NCCL_SOCKET_IFNAME"] == "ib0" and plan.procs[0].env["UCX_NET_DEVICES"] == "eth0"
