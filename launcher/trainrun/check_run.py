@@ -108,19 +108,21 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
     return rows
 
 
-def choose_nics(cfg, hosts: list[HostSpec], clients: dict, pythons: dict[str, str]) -> tuple[str, ...]:
+def choose_nics(cfg, hosts: list[HostSpec], clients: dict, pythons: dict[str, str], host_nics: dict) -> tuple[str, ...]:
     """The NICs a multi-host launch exports: --network-interface, else the cached or a fresh probe's
-    choice (NICs with the same name on every host). () for one host, or when the probe cannot run."""
+    choice (NICs with the same name on every host). A cached choice is used only while those NICs are
+    still up on every host (`host_nics`: each host's NIC list from its HELLO). () for one host, or when
+    the probe cannot run."""
     if cfg.network_interface:
         return tuple(cfg.network_interface.split(","))
     if len(hosts) < 2 or len(clients) < len(hosts):
         return ()
-    cached = None if cfg.no_cache else cached_nic_choice(hosts)
-    if cached is not None:
+    cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
+    if cached is not None and nics_present(cached, host_nics):
         return tuple(cached)
     routable, _, _ = probe_nics(clients, pythons)
     names = [r.name for r in routable if r.subnet is None]
-    save_nic_choice(hosts, names)
+    save_nic_choice(hosts, cfg, names)
     return tuple(names)
 
 
@@ -163,28 +165,36 @@ def run_check(cfg) -> CheckReport:
             ranks = assign_ranks(hosts, np, oversubscribe=cfg.oversubscribe, gpu_pools=pools,
                                  gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing)
         if routable:
-            save_nic_choice(hosts, nic_names)
+            save_nic_choice(hosts, cfg, nic_names)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings)
     finally:
         for c in clients.values():
             c.close()
 
 
-def _cache_path(hosts: list[HostSpec]) -> str:
-    key = hashlib.sha256(",".join(sorted(str(h) for h in hosts)).encode()).hexdigest()[:16]
+def _cache_path(hosts: list[HostSpec], cfg) -> str:
+    """One cache entry per host set *as reached*: the same names through another ssh config or port
+    (another cluster, another testbed) must not share a NIC choice."""
+    ident = [",".join(sorted(str(h) for h in hosts)), str(cfg.ssh_config), str(cfg.ssh_port), str(cfg.ssh_identity_file)]
+    key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
     return os.path.join(CACHE_DIR, f"nics-{key}.json")
 
 
-def save_nic_choice(hosts: list[HostSpec], nics: list[str]) -> None:
+def save_nic_choice(hosts: list[HostSpec], cfg, nics: list[str]) -> None:
     os.makedirs(CACHE_DIR, exist_ok=True)
-    with open(_cache_path(hosts), "w") as f:
+    with open(_cache_path(hosts, cfg), "w") as f:
         json.dump({"time": time.time(), "nics": nics}, f)
 
 
-def cached_nic_choice(hosts: list[HostSpec]) -> list[str] | None:
+def cached_nic_choice(hosts: list[HostSpec], cfg) -> list[str] | None:
     try:
-        with open(_cache_path(hosts)) as f:
+        with open(_cache_path(hosts, cfg)) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return None
     return doc["nics"] if time.time() - doc.get("time", 0) < CACHE_TTL else None
+
+
+def nics_present(nics, host_nics: dict[str, list[dict]]) -> bool:
+    """Every named NIC is up with an address on every host (per the hosts' own NIC lists). Pure."""
+    return all(any(n["name"] == name and n["up"] and n["addresses"] for n in host) for name in nics for host in host_nics.values())

@@ -184,6 +184,8 @@ class ProcessGroup:
             self._kill()  # leftovers: children of ranks, ranks never reported
             for g in self.groups:
                 g.close(sel)
+            for g in self.groups:
+                g.wait_closed()
             watchdog.close()
             if self.world is not None:
                 self.world.cleanup()

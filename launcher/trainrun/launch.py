@@ -81,7 +81,8 @@ def launch(cfg: LaunchConfig) -> int:
             from trainrun.check_run import choose_nics
 
             nics = choose_nics(cfg, hosts, {name: a.link.client for name, a in agents.items()},
-                               {name: a.facts["python"] for name, a in agents.items()})
+                               {name: a.facts["python"] for name, a in agents.items()},
+                               {name: a.facts.get("nics", []) for name, a in agents.items()})
         plan = make_plan(cfg, hosts, np, facts, master_address(hosts[0], agents, nics), nics)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         sink = OutputSink(cfg.prefix, cfg.output_dir)

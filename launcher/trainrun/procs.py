@@ -185,6 +185,10 @@ class LocalRanks:
                 rank.returncode = rank.proc.wait()
 
 
+    def wait_closed(self) -> None:
+        """Nothing to wait for: close() reaped every rank."""
+
+
 def _close_quietly(sel: selectors.BaseSelector, f) -> None:
     if f is None:
         return

@@ -33,8 +33,11 @@ class AgentLink(Protocol):
     def fileno(self) -> int: ...
     def read(self) -> tuple[bytes, bytes, bool]: ...  # (stdout bytes, stderr bytes, ended)
     def write(self, data: bytes) -> None: ...
-    def close(self, wait: float) -> None: ...   # EOF to the agent, then wait for it to end
+    def shutdown(self) -> None: ...             # EOF to the agent: it kills what is left and exits
+    def wait(self, timeout: float) -> None: ... # until the agent has ended (or timeout)
     def disconnect(self) -> None: ...
+
+    def close(self, wait: float) -> None: ...   # shutdown, then wait
 
 
 class PipeLink:
@@ -63,16 +66,22 @@ class PipeLink:
         except (BrokenPipeError, ValueError):
             pass
 
-    def close(self, wait: float) -> None:
+    def shutdown(self) -> None:
         try:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
+
+    def wait(self, timeout: float) -> None:
         try:
-            self.proc.wait(wait)
+            self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+    def close(self, wait: float) -> None:
+        self.shutdown()
+        self.wait(wait)
 
     def disconnect(self) -> None:
         pass
@@ -162,12 +171,16 @@ class AgentRanks:
         self.link.disconnect()
 
     def close(self, sel) -> None:
-        """Close the channel (the agent kills whatever is left on EOF) and wait for the agent to end."""
+        """End the channel's input: the agent kills whatever is left and exits (see wait_closed)."""
         try:
             sel.unregister(self.link.fileno())
         except (KeyError, ValueError):
             pass
-        self.link.close(wait=5.0)
+        self.link.shutdown()
+
+    def wait_closed(self) -> None:
+        """Wait until the agent has ended; called after close() on every group, so agents end in parallel."""
+        self.link.wait(5.0)
 
 
 def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
@@ -233,13 +246,19 @@ class SSHLink:
         except OSError:
             pass  # the channel is gone; read() reports it
 
-    def close(self, wait: float) -> None:
+    def shutdown(self) -> None:
         try:
             self.channel.shutdown_write()
         except OSError:
             pass
-        self.channel.status_event.wait(wait)
+
+    def wait(self, timeout: float) -> None:
+        self.channel.status_event.wait(timeout)
         self.channel.close()
+
+    def close(self, wait: float) -> None:
+        self.shutdown()
+        self.wait(wait)
 
     def disconnect(self) -> None:
         self.client.close()

@@ -120,3 +120,13 @@ def test_probe_checks_identity_on_loopback():
                                              ["h3", "lo", "127.0.0.1", closed_port, "h3 x"]]})
     srv.close()
     assert [r[3] for r in rows] == ["ok", "answered by h1", "Connection refused"]
+
+
+def test_cached_nics_must_still_be_up_everywhere():
+    from trainrun.check_run import nics_present
+
+    up = {"name": "eth1", "up": True, "addresses": ["10.0.0.1/24"]}
+    down = {**up, "up": False}
+    assert nics_present(["eth1"], {"a": [up], "b": [up]})
+    assert not nics_present(["eth1"], {"a": [up], "b": [down]})
+    assert not nics_present(["eth1", "ib0"], {"a": [up], "b": [up]})
