@@ -137,3 +137,11 @@ def test_changed_host_key_names_file_and_line(tmp_path):
     err = classify(t, paramiko.BadHostKeyException("10.0.0.5", _Key("SHA256:new"), _Key("SHA256:old")))
     assert err.stage == "hostkey"
     assert f"line 3 of {kh}" in str(err) and "SHA256:new" in str(err)
+
+
+def test_match_exec_still_works_with_lazy_invoke(tmp_path):
+    """ssh.py keeps paramiko from importing `invoke` up front; `Match exec` must still run it."""
+    config = tmp_path / "config"
+    config.write_text('Match exec "true"\n  Port 2201\nMatch exec "false"\n  User nobody\n')
+    t = resolve("n1", SSHOptions(ssh_config=str(config)))
+    assert t.port == 2201 and t.user != "nobody"
