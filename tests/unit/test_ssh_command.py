@@ -140,8 +140,15 @@ def test_changed_host_key_names_file_and_line(tmp_path):
 
 
 def test_match_exec_still_works_with_lazy_invoke(tmp_path):
-    """ssh.py keeps paramiko from importing `invoke` up front; `Match exec` must still run it."""
+    """ssh.py keeps paramiko from importing `invoke` up front; `Match exec` must still run it (in a
+    subprocess: invoke reads stdin, which pytest's capture forbids)."""
+    import subprocess
+    import sys
+
     config = tmp_path / "config"
     config.write_text('Match exec "true"\n  Port 2201\nMatch exec "false"\n  User nobody\n')
-    t = resolve("n1", SSHOptions(ssh_config=str(config)))
-    assert t.port == 2201 and t.user != "nobody"
+    code = ("import sys; from trainrun.ssh import resolve, SSHOptions; assert 'invoke' not in sys.modules; "
+            f"t = resolve('n1', SSHOptions(ssh_config={str(config)!r})); print(t.port, t.user)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    port, user = out.stdout.split()
+    assert port == "2201" and user != "nobody", out.stderr
