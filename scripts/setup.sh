@@ -21,3 +21,6 @@ if [ "${1:-}" = "--test" ]; then
 else
   .venv/bin/python -m pip install -q -e . "$TORCH"
 fi
+# Editable installs are not byte-compiled, and some machines set PYTHONDONTWRITEBYTECODE: compile once
+# so every launch does not recompile the launcher (~25 ms).
+.venv/bin/python -m compileall -q launcher/trainrun >/dev/null

@@ -2,7 +2,6 @@
 message and its exit code here (no traceback for anything a user can cause)."""
 from __future__ import annotations
 
-import logging
 import sys
 
 import click
@@ -97,7 +96,9 @@ def cli(command, json_, **options):
     if not command and not options["check"]:
         raise click.UsageError("Missing argument 'COMMAND...'.")
     if options["verbose"]:
-        logging.basicConfig(level=logging.INFO, format="trainrun: %(message)s", stream=sys.stderr)
+        from trainrun import log
+
+        log.enable_verbose()
     return launch(LaunchConfig(command=tuple(command), json=json_, **options))
 
 

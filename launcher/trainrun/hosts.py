@@ -13,7 +13,6 @@ import re
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from trainrun.errors import UsageError
 
@@ -144,7 +143,8 @@ def _parse_hostfile_line(line: str) -> HostSpec:
 def read_hostfile(path: str) -> list[HostSpec]:
     """Read and parse a hostfile. Raises UsageError for a missing/unreadable file or a bad line."""
     try:
-        text = Path(path).read_text()
+        with open(path) as f:
+            text = f.read()
     except FileNotFoundError:
         raise UsageError(f"--hostfile {path}: no such file") from None
     except IsADirectoryError:

@@ -10,7 +10,6 @@ interrupted by signal N with no rank failing first; else 0.
 """
 from __future__ import annotations
 
-import logging
 import os
 import selectors
 import signal
@@ -18,13 +17,12 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from trainrun.mpiworld import MpiWorld
+from trainrun import log
 from trainrun.output import OutputSink
 from trainrun.plan import LaunchPlan
 from trainrun.procs import LocalRanks
 from trainrun.watchdog import Watchdog
 
-log = logging.getLogger("trainrun")
 TICK = 0.05
 
 
@@ -86,7 +84,11 @@ class ProcessGroup:
         self._stop_deadline: float | None = None
         self._killed = False
         self._specs = {p.rank: p for p in plan.procs}
-        self.world = MpiWorld(plan, start_timeout) if mpi else None
+        self.world = None
+        if mpi:
+            from trainrun.mpiworld import MpiWorld
+
+            self.world = MpiWorld(plan, start_timeout)
         agents = agents or {}
         local_procs = [p for p in plan.procs if p.host not in agents]
         self.groups = [LocalRanks(local_procs, self, pmi=mpi)] if local_procs else []

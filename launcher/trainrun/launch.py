@@ -3,10 +3,10 @@ ProcessGroup -> exit code. The one place the steps are put together; each lives 
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
+from trainrun import log
 from trainrun.config import LaunchConfig
 from trainrun.envcontract import JobInfo, forwarded_env
 from trainrun.hosts import HostSpec
@@ -16,7 +16,6 @@ from trainrun.placement import assign_ranks, ranks_per_host
 from trainrun.plan import LaunchPlan, build_plan, plan_json, plan_table
 from trainrun.program import check_local_program, command_argv
 
-log = logging.getLogger("trainrun")
 
 
 def used_hosts(cfg: LaunchConfig) -> tuple[list[HostSpec], int]:

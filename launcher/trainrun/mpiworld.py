@@ -8,14 +8,13 @@ MPI_Abort (exit with the abort code), protocol errors, and ranks that never join
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
+from trainrun import log
 from trainrun.pmi import PmiJob, PmiServer, new_kvsname, process_mapping, remove_shm_segments
 from trainrun.plan import LaunchPlan
 
 
-log = logging.getLogger("trainrun")
 
 
 @dataclass(frozen=True)

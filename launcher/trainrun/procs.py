@@ -20,7 +20,6 @@ from typing import Protocol
 
 from trainrun.errors import ProgramError
 from trainrun.plan import ProcessSpec
-from trainrun.pmi import rank_env as pmi_rank_env
 from trainrun.watchdog import Watchdog
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -89,6 +88,8 @@ class LocalRanks:
         env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # an outer launcher's PMI is not ours
         pass_fds, child_sock, parent_sock = (), None, None
         if self.pmi:
+            from trainrun.pmi import rank_env as pmi_rank_env
+
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
             env.update(pmi_rank_env(spec.rank, spec.assignment.size, child_sock.fileno()))

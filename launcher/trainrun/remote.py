@@ -11,7 +11,6 @@ the channel ended: every unreported rank is then reported lost).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import selectors
 import subprocess
@@ -19,11 +18,11 @@ import sys
 import time
 from typing import Protocol
 
+from trainrun import log
 from trainrun import wire
 from trainrun.errors import HostError
 from trainrun.plan import ProcessSpec, spec_to_dict
 
-log = logging.getLogger("trainrun")
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import fcntl
 import getpass
-import logging
 import os
 import re
 import shlex
@@ -51,9 +50,9 @@ if "paramiko" not in sys.modules and "invoke" not in sys.modules:
 
 import paramiko  # noqa: E402  (after the block above)
 
+from trainrun import log  # noqa: E402
 from trainrun.errors import HostError, HostsError, UsageError  # noqa: E402
 
-log = logging.getLogger(__name__)
 
 PORT_HINT = "check -p/--ssh-port"
 KEY_HINT = "check -i/--ssh-identity-file and the remote user's authorized_keys"
