@@ -112,6 +112,8 @@ class ProcessGroup:
     # RankEvents, called from the loop
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
         self.sink.feed(rank, stream, data)
+        if self.sink.broken and self.result.interrupted_by is None:
+            self._on_signal(signal.SIGPIPE)  # nobody reads our output any more: end the job as SIGPIPE would
 
     def on_exit(self, rank: int, returncode: int) -> None:
         self.result.returncodes[rank] = returncode

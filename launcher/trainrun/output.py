@@ -43,6 +43,7 @@ class OutputSink:
         self._partial: dict[tuple[int, int], bytes] = {}
         self._tails: dict[int, deque] = {}
         self._out = {1: out or sys.stdout.buffer, 2: err or sys.stderr.buffer}
+        self.broken = False  # the reader of our stdout/stderr went away (e.g. `trainrun ... | head`)
 
     def _prefix(self, rank: int, stream: int) -> bytes:
         if self.prefix == "none":
@@ -76,14 +77,20 @@ class OutputSink:
             tail = self._tails.setdefault(rank, deque(maxlen=TAIL_LINES))
             tail.extend(line.decode(errors="replace") for line in lines)
         prefix = self._prefix(rank, stream)
-        out = self._out[stream]
-        out.write(b"".join(prefix + line + b"\n" for line in lines))
-        out.flush()
+        self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _emit(self, stream: int, data: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._out[stream].write(data)
+            self._out[stream].flush()
+        except BrokenPipeError:
+            self.broken = True
 
     def write_raw(self, stream: int, data: bytes) -> None:
         """Write launcher-side text (not a rank's) to the launcher's stdout (1) or stderr (2) as is."""
-        self._out[stream].write(data)
-        self._out[stream].flush()
+        self._emit(stream, data)
 
     def flush_all(self) -> None:
         """Write every partial line (used at teardown when some pipes never reached EOF)."""

@@ -80,8 +80,7 @@ class LocalRanks:
                 self._start_one(spec, sel, watchdog, cores)
             except OSError as err:
                 self.kill()
-                code = 127 if isinstance(err, FileNotFoundError) else 126  # as a shell: missing 127, cannot run 126
-                raise ProgramError(f"rank {spec.rank} on {spec.host}: cannot run {spec.argv[0]}: {err.strerror}", exit_code=code) from None
+                raise _exec_error(spec, err) from None
 
     def _start_one(self, spec: ProcessSpec, sel, watchdog: Watchdog, cores: list[set[int]]) -> None:
         env = host_env(spec, self.base_env, len(os.sched_getaffinity(0)))
@@ -188,6 +187,23 @@ class LocalRanks:
 
     def wait_closed(self) -> None:
         """Nothing to wait for: close() reaped every rank."""
+
+
+def _exec_error(spec: ProcessSpec, err: OSError) -> ProgramError:
+    """A shell's verdict on a failed exec: missing program 127; a program that exists but cannot run
+    (no permission, not a program, its #! interpreter missing) 126."""
+    import shutil
+
+    prog = spec.argv[0]
+    where = f"rank {spec.rank} on {spec.host}: cannot run {prog}"
+    path = prog if "/" in prog else shutil.which(prog)
+    if isinstance(err, FileNotFoundError) and path and os.path.exists(os.path.join(spec.cwd, path)):
+        with open(os.path.join(spec.cwd, path), "rb") as f:
+            first = f.readline(256).rstrip()
+        if first.startswith(b"#!"):
+            return ProgramError(f"{where}: bad interpreter {first[2:].decode(errors='replace').strip()} in its #! line", exit_code=126)
+    code = 127 if isinstance(err, FileNotFoundError) else 126
+    return ProgramError(f"{where}: {err.strerror}", exit_code=code)
 
 
 def _close_quietly(sel: selectors.BaseSelector, f) -> None:

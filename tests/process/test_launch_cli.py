@@ -306,5 +306,19 @@ def test_program_with_missing_interpreter(run_trainrun, tmp_path):
     prog = write(tmp_path, "prog", "#!/nonexistent/interpreter\necho hi\n")
     os.chmod(prog, 0o755)
     run = run_trainrun("-np", 2, "./prog")
-    assert run.rc in (126, 127), run.stderr
-    assert_one_line_error(run, run.rc, "prog")
+    assert_one_line_error(run, 126, "bad interpreter /nonexistent/interpreter")
+
+
+def test_output_reader_gone_ends_the_job_like_sigpipe(tmp_path):
+    """`trainrun ... | head -1`: when nobody reads our output any more the job ends (exit 141), no traceback."""
+    import subprocess
+    import sys
+
+    code = "import itertools\nfor i in itertools.count(): print(i)"
+    p = subprocess.Popen([sys.executable, "-m", "trainrun", "-np", "2", sys.executable, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    p.stdout.readline()
+    p.stdout.close()
+    assert p.wait(30) == 141
+    err = p.stderr.read().decode()
+    assert "interrupted by SIGPIPE" in err and "Traceback" not in err
