@@ -10,7 +10,6 @@ interrupted by signal N with no rank failing first; else 0.
 """
 from __future__ import annotations
 
-import os
 import selectors
 import signal
 import socket
