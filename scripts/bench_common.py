@@ -48,11 +48,11 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def versions() -> str:
+def versions(dists=("trainrun", "mpich", "mpi4py", "paramiko")) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     parts = [f"Python {platform.python_version()}"]
-    for dist in ("trainrun", "mpich", "mpi4py", "paramiko"):
+    for dist in dists:
         try:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:

@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import cpu_model, versions as _versions  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TARGET_RATIO = 3.0
@@ -67,28 +70,6 @@ def time_once(argv: list[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = [f"Python {platform.python_version()}"]
-    for dist in ("trainrun", "mpich", "torch"):
-        try:
-            parts.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            pass
-    return ", ".join(parts)
-
-
 def table(samples: dict[str, list[float]], rounds: int, bytecode: bool, load: tuple[float, float]) -> str:
     base_key = next((k for k in samples if k.startswith("mpiexec")), None)
     base = statistics.median(samples[base_key]) if base_key else None
@@ -98,7 +79,7 @@ def table(samples: dict[str, list[float]], rounds: int, bytecode: bool, load: tu
         "",
         f"- date: {now}",
         f"- machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}, {platform.system()} {platform.release()}",
-        f"- software: {versions()}",
+        f"- software: {_versions(('trainrun', 'mpich', 'torch'))}",
         f"- load average (1 min) at start / end: {load[0]:.1f} / {load[1]:.1f} (a shared box inflates every row)",
         f"- method: {rounds} rounds, each launcher once per round in rotated order; wall time of the whole command "
         "(`scripts/bench_launch.py`); "
