@@ -1,0 +1,93 @@
+"""A Horovod-style PyTorch training script on trainrun (only the import differs from Horovod's).
+
+    trainrun -np 2 python examples/train_torch.py        (or: mpiexec -n 2 python examples/train_torch.py)
+
+Synthetic data (10 classes given by a linear rule on the pooled image), a small CNN, a few epochs:
+finishes in seconds on CPU.
+The pattern: init; pin one GPU per local rank; shard the data by rank; scale the learning rate by the
+number of ranks; wrap the optimizer; broadcast the initial state from rank 0; print and checkpoint
+only on rank 0.
+"""
+import argparse
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import trainrun.torch as hvd
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.fc = nn.Linear(16 * 4 * 4, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(x.flatten(1))
+
+
+def synthetic_shard(n, rank, size, seed=0):
+    """This rank's share of one fixed data set: every rank sees different samples."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 16, 16, generator=g)
+    rule = torch.randn(16, 10, generator=g)  # the class depends on the 4x4-pooled image
+    y = (F.avg_pool2d(x, 4).flatten(1) @ rule).argmax(1)
+    return x[rank::size], y[rank::size]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--checkpoint", default="checkpoint.pt")
+    parser.add_argument("--fp16-allreduce", action="store_true")
+    args = parser.parse_args()
+
+    hvd.init()
+    torch.manual_seed(42)
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        device = torch.device("cuda", hvd.local_rank())
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+
+    x, y = synthetic_shard(args.samples, hvd.rank(), hvd.size())
+    x, y = x.to(device), y.to(device)
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    for epoch in range(args.epochs):
+        model.train()
+        total, batches = torch.zeros((), device=device), 0
+        for i in range(0, len(x), args.batch_size):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[i:i + args.batch_size]), y[i:i + args.batch_size])
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+            batches += 1
+        epoch_loss = hvd.allreduce(total / batches, name="epoch_loss").item()  # averaged over ranks
+        if hvd.rank() == 0:
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {epoch_loss:.4f}", flush=True)
+
+    if hvd.rank() == 0:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, args.checkpoint)
+        print(f"saved {args.checkpoint}")
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

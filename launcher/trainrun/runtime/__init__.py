@@ -1,0 +1,19 @@
+"""trainrun's framework-free runtime: Horovod's API on NumPy arrays (`import trainrun.runtime as hvd`).
+
+Modules: topology (where this rank is), engine (background negotiation and ordering), negotiation
+(the coordinator), collectives + fusion (NumPy work around MPI calls), backends/ (mpi, nccl),
+timeline (Chrome trace), state (init and handles), requests (validation), api (this surface).
+"""
+from trainrun.runtime.api import (allgather, allgather_async, allgather_object, allreduce, allreduce_,
+                                  allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
+                                  broadcast, broadcast_, broadcast_async, broadcast_async_, broadcast_object,
+                                  grouped_allreduce, grouped_allreduce_async, join, reducescatter,
+                                  reducescatter_async)
+from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
+from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum
+from trainrun.runtime.state import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
+                                    init, is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll,
+                                    synchronize, rank, rocm_built, shutdown, size)
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,173 @@
+"""Run one coordinator response on this rank: the NumPy-side work around the backend's MPI calls.
+
+`execute(kind, reqs, info)` is called by the engine for every response, in the same order on every
+rank; `reqs` are this rank's Requests for the response's names (None for a name this rank has not
+submitted, which happens only for allreduce after this rank called join(): it contributes zeros).
+It returns one result per request (the output array; (output, received_splits) for alltoall; the last
+joined rank for join) or raises; the engine turns either into handle completions.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from trainrun.runtime.fusion import FusionBuffer, pack, storage_dtype, unpack, wire_dtype
+from trainrun.runtime.ops import Average, Sum, Request
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def split_rows(dim0: int, size: int) -> list[int]:
+    """Rows of a reducescatter output per rank: the first dim0 % size ranks get one extra (Horovod)."""
+    return [dim0 // size + (1 if r < dim0 % size else 0) for r in range(size)]
+
+
+class Collectives:
+    def __init__(self, backend, rank: int, size: int, timeline=None):
+        self.backend, self.rank, self.size, self.timeline = backend, rank, size, timeline
+        self._fusion = FusionBuffer()
+        self._gpu = None  # backends.nccl.NcclCollectives, created (collectively) on the first CUDA response
+        self.reductions = 0  # allreduce calls made on the backend (tests and benchmarks read it)
+
+    def close(self) -> None:
+        """Free the NCCL communicator, if one was made (collective: called at engine shutdown)."""
+        if self._gpu is not None:
+            self._gpu.close()
+            self._gpu = None
+
+    def _span(self, names, phase, t0):
+        if self.timeline is not None:
+            t1 = self.timeline.now()
+            self.timeline.span(names, phase, t0, t1)
+            return t1
+        return 0.0
+
+    def _clock(self) -> float:
+        return self.timeline.now() if self.timeline is not None else 0.0
+
+    def execute(self, kind: str, names: list[str], reqs: list[Request | None], info) -> list:
+        some = next((r for r in reqs if r is not None), None)
+        device = some.device if some is not None else (info[4] if kind == "allreduce" and info else "cpu")
+        if device != "cpu":
+            if self._gpu is None:
+                from trainrun.runtime.backends.nccl import NcclCollectives
+                gpu = some.inp.device if some is not None else "cuda"
+                self._gpu = NcclCollectives(self.backend.comm, self.rank, self.size, gpu)
+            if kind == "allreduce":
+                self.reductions += 1
+            return self._gpu.execute(kind, reqs, info)
+        if kind == "allreduce":
+            return self.allreduce(names, reqs, info)
+        (req,) = reqs
+        t0 = self._clock()
+        if kind == "allgather":
+            result = self.allgather(req, info)
+        elif kind == "broadcast":
+            result = self.broadcast(req)
+        elif kind == "alltoall":
+            result = self.alltoall(req, info)
+        elif kind == "reducescatter":
+            result = self.reducescatter(req)
+        elif kind == "barrier":
+            self.backend.barrier()
+            result = None
+        elif kind == "join":
+            result = info
+        else:  # shutdown: nothing to move
+            result = None
+        self._span(names, kind.upper(), t0)
+        return [result]
+
+    def _scales(self, op: int, post: float) -> tuple[int, float]:
+        return (Sum, post / self.size) if op == Average else (op, post)
+
+    def allreduce(self, names, reqs, joined_info) -> list:
+        """One (possibly fused) reduction; zero-copy when it is a single tensor of a wire dtype."""
+        some = next((r for r in reqs if r is not None), None)
+        if some is not None:
+            dtype, op, pre, post = some.dtype, some.op, some.prescale, some.postscale
+            counts = [r.inp.size for r in reqs]
+        else:
+            dtype, op, pre, post, _, shapes = joined_info
+            counts = [math.prod(s) for s in shapes]
+        red_op, post = self._scales(op, post)
+        wire = wire_dtype(dtype)
+        t0 = self._clock()
+        if len(reqs) == 1 and some is not None and wire == storage_dtype(dtype):
+            send = some.inp
+            if pre != 1.0:
+                np.multiply(some.inp, pre, out=some.out, casting="unsafe")
+                send = None
+            elif some.out is some.inp:
+                send = None
+            self.backend.allreduce(send, some.out, red_op)
+            self.reductions += 1
+            t0 = self._span(names, "ALLREDUCE", t0)
+            if post != 1.0:
+                np.multiply(some.out, post, out=some.out, casting="unsafe")
+                self._span(names, "UNPACK", t0)
+            return [some.out]
+        buf = self._fusion.get(wire, sum(counts))
+        offsets = np.cumsum([0] + counts).tolist()
+        if some is not None and len(counts) > 1 and pre == 1.0 and wire == storage_dtype(dtype) \
+                and all(r is not None for r in reqs):
+            np.concatenate([r.inp for r in reqs], out=buf)  # the common case in one C call
+        else:
+            for r, c, off in zip(reqs, counts, offsets):
+                if r is None:
+                    buf[off:off + c] = 0
+                else:
+                    pack(r.inp, dtype, buf[off:off + c], pre)
+        t0 = self._span(names, "PACK", t0)
+        self.backend.allreduce(None, buf, red_op)
+        self.reductions += 1
+        t0 = self._span(names, "ALLREDUCE", t0)
+        plain = post == 1.0 and wire == storage_dtype(dtype)
+        for r, c, off in zip(reqs, counts, offsets):
+            if r is None:
+                continue
+            if plain:
+                np.copyto(r.out, buf[off:off + c])
+            else:
+                unpack(buf[off:off + c], dtype, r.out, post)
+        self._span(names, "UNPACK", t0)
+        return [None if r is None else r.out for r in reqs]
+
+    def allgather(self, req: Request, dim0s: list[int]) -> np.ndarray:
+        row = math.prod(req.shape[1:])
+        out = np.empty((sum(dim0s),) + tuple(req.shape[1:]), dtype=storage_dtype(req.dtype))
+        self.backend.allgatherv(_bytes(req.inp), _bytes(out), [d * row * out.itemsize for d in dim0s])
+        return out
+
+    def broadcast(self, req: Request) -> np.ndarray:
+        if self.rank == req.root and req.out is not req.inp:
+            np.copyto(req.out, req.inp)
+        self.backend.bcast(_bytes(req.out), req.root)
+        return req.out
+
+    def alltoall(self, req: Request, splits: list) -> tuple:
+        item = math.prod(req.shape[1:]) * storage_dtype(req.dtype).itemsize
+        recv_splits = [splits[r][self.rank] for r in range(self.size)]
+        out = np.empty((sum(recv_splits),) + tuple(req.shape[1:]), dtype=storage_dtype(req.dtype))
+        self.backend.alltoallv(_bytes(req.inp), [s * item for s in splits[self.rank]],
+                               _bytes(out), [s * item for s in recv_splits])
+        return out, np.asarray(recv_splits, dtype=np.int32)
+
+    def reducescatter(self, req: Request) -> np.ndarray:
+        row = math.prod(req.shape[1:])
+        counts = [n * row for n in split_rows(req.shape[0] if req.shape else 0, self.size)]
+        red_op, post = self._scales(req.op, req.postscale)
+        wire = wire_dtype(req.dtype)
+        if wire == storage_dtype(req.dtype) and req.prescale == 1.0:
+            send = req.inp
+        else:
+            send = self._fusion.get(wire, req.inp.size)
+            pack(req.inp, req.dtype, send, req.prescale)
+        recv = req.out if wire == storage_dtype(req.dtype) else np.empty(req.out.size, dtype=wire)
+        self.backend.reduce_scatter(send, recv, counts, red_op)
+        if recv is not req.out or post != 1.0:
+            unpack(recv, req.dtype, req.out, post)
+        return req.out

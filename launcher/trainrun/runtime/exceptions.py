@@ -1,0 +1,19 @@
+"""Errors raised by collective operations (Horovod's names, so `except HorovodInternalError` keeps working).
+
+Argument errors (bad op, bad root, calling before init) are raised at the call as ValueError, as Horovod
+does. Failures agreed on by the ranks (mismatch, stall, shutdown) are raised from `synchronize()` and the
+blocking ops as HorovodInternalError subclasses, on every rank that submitted the tensor.
+"""
+from __future__ import annotations
+
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed; the message names the tensor(s) and why."""
+
+
+class TensorMismatchError(HorovodInternalError):
+    """Ranks submitted the same tensor name with a different operation, dtype, shape, op, root or scale."""
+
+
+class StallError(HorovodInternalError):
+    """Some ranks submitted a tensor and the others did not within TRAINRUN_STALL_TIMEOUT seconds."""

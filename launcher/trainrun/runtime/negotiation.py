@@ -1,0 +1,192 @@
+"""The coordinator (rank 0's engine): which named operations are ready on every rank, in one order.
+
+Pure bookkeeping, no MPI: ranks `submit` the metas of their new requests (Request.meta tuples); the
+engine asks `responses()` for the work every rank must now run, in the same order everywhere. A
+response is a tuple `(kind, names, info, error)`:
+
+    ("allreduce", [names...], joined_info, None)   one fused reduction (same dtype/op/scales/device);
+                                                   while some rank has joined, joined_info = (dtype, op,
+                                                   prescale, postscale, device, [shapes]) so it can add
+                                                   zeros; else None
+    ("allgather", [name], first_dims_per_rank, None)
+    ("alltoall",  [name], splits_per_rank, None)
+    ("broadcast"|"reducescatter"|"barrier"|"shutdown", [name], None, None)
+    ("join", ["__join__"], last_rank_to_join, None)
+    ("abort", [], None, ("abort", message))        a rank stopped for good (see Engine.abort): every
+                                                   rank fails all it has outstanding and closes
+    ("error", [names...], submitters, ("mismatch"|"stall", message))
+                                                   submitters[i]: the ranks that had submitted names[i];
+                                                   only their requests fail (a later submission of the
+                                                   same name by another rank is a new operation)
+
+A name is ready when every rank has submitted it (a rank blocked in join() counts for allreduce).
+Names that some but not all ranks submitted for longer than `stall_timeout` seconds become a stall error.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+from trainrun.runtime.fusion import wire_dtype
+from trainrun.runtime.ops import OP_NAMES
+
+NAME, KIND, DTYPE, SHAPE, OP, PRE, POST, ROOT, SPLITS, DEVICE = range(10)
+JOIN_NAME, SHUTDOWN_NAME = "__join__", "__shutdown__"
+
+
+def _ranks(rs) -> str:
+    rs = sorted(rs)
+    return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs}"
+
+
+def _differs(name: str, entry: dict, label: str, value) -> str | None:
+    by_value: dict = {}
+    for r, m in sorted(entry.items()):
+        by_value.setdefault(value(m), []).append(r)
+    if len(by_value) < 2:
+        return None
+    parts = "; ".join(f"{_ranks(rs)}: {v}" for v, rs in by_value.items())
+    return f"Mismatched {label} for tensor '{name}': {parts}"
+
+
+def check(name: str, entry: dict) -> str | None:
+    """The first disagreement between the ranks' metas for `name`, as a message, or None."""
+    metas = iter(entry.values())
+    first = next(metas)
+    if all(m == first for m in metas):
+        return None
+    checks = [("operation", lambda m: m[KIND]), ("dtype", lambda m: m[DTYPE]), ("device", lambda m: m[DEVICE])]
+    kind = first[KIND]
+    if kind in ("allreduce", "reducescatter"):
+        checks += [("reduce op", lambda m: OP_NAMES.get(m[OP], m[OP])),
+                   ("prescale_factor", lambda m: m[PRE]), ("postscale_factor", lambda m: m[POST])]
+    if kind in ("allreduce", "broadcast", "reducescatter"):
+        checks.append(("shape", lambda m: tuple(m[SHAPE])))
+    if kind in ("allgather", "alltoall"):
+        checks.append(("shape beyond the first dimension", lambda m: tuple(m[SHAPE][1:])))
+    if kind == "broadcast":
+        checks.append(("root_rank", lambda m: m[ROOT]))
+    for label, value in checks:
+        msg = _differs(name, entry, label, value)
+        if msg:
+            return msg
+    return None
+
+
+class Coordinator:
+    """Matches submissions from `size` ranks. Not thread-safe: only the engine's driver calls it."""
+
+    def __init__(self, size: int, fusion_threshold: int, stall_timeout: float, clock=time.monotonic):
+        self.size, self.fusion_threshold, self.stall_timeout, self._clock = size, fusion_threshold, stall_timeout, clock
+        self._table: dict[str, dict[int, tuple]] = {}
+        self._first: dict[str, float] = {}
+        self._ready: list[str] = []
+        self._joined: list[int] = []
+        self._next_stall_check = 0.0
+        self._aborted: str | None = None
+
+    def pending(self) -> bool:
+        return bool(self._table or self._joined or self._aborted)
+
+    def submit(self, rank: int, metas) -> None:
+        now = self._clock()
+        for m in metas:
+            if m[KIND] == "abort":  # the name carries the reason
+                self._aborted = f"rank {rank} stopped: {m[NAME]}"
+                continue
+            if m[KIND] == "join":
+                self._joined.append(rank)
+                self._ready.extend(n for n, e in self._table.items() if n not in self._ready and self._complete(e))
+                continue
+            entry = self._table.get(m[NAME])
+            if entry is None:
+                entry = self._table[m[NAME]] = {}
+                self._first[m[NAME]] = now
+            entry[rank] = m
+            if self._complete(entry):
+                self._ready.append(m[NAME])
+
+    def _complete(self, entry: dict) -> bool:
+        if not self._joined:
+            return len(entry) >= self.size
+        return len(entry) + sum(1 for r in self._joined if r not in entry) >= self.size
+
+    def responses(self) -> list[tuple]:
+        """Everything now runnable, fused, in the order all ranks must run it; plus stall errors."""
+        if self._aborted:
+            self._table.clear()
+            self._first.clear()
+            self._ready.clear()
+            self._joined.clear()
+            return [("abort", [], None, ("abort", self._aborted))]
+        out: list[tuple] = []
+        groups: dict[tuple, list] = {}  # fusion key -> [[names], nbytes, shapes]
+        for name in self._ready:
+            entry = self._table.pop(name)
+            del self._first[name]
+            any_meta = next(iter(entry.values()))
+            kind = any_meta[KIND]
+            error = check(name, entry)
+            if error is None and self._joined and kind != "allreduce" and len(entry) < self.size:
+                error = (f"Tensor '{name}' is a {kind} but {_ranks(set(self._joined))} already called join(); "
+                         "only allreduce can run while ranks have joined")
+            if error:
+                out.append(("error", [name], [set(entry)], ("mismatch", error)))
+            elif kind == "allreduce":
+                self._fuse(groups, out, name, any_meta)
+            elif kind == "allgather":
+                out.append((kind, [name], [entry[r][SHAPE][0] for r in range(self.size)], None))
+            elif kind == "alltoall":
+                out.append((kind, [name], [entry[r][SPLITS] for r in range(self.size)], None))
+            else:
+                out.append((kind, [name], None, None))
+        self._ready.clear()
+        for group in groups.values():
+            out.append(self._allreduce_response(group))
+        if len(set(self._joined)) >= self.size and not self._table:
+            out.append(("join", [JOIN_NAME], self._joined[-1], None))
+            self._joined.clear()
+        out.extend(self._stalls())
+        return out
+
+    def _fuse(self, groups: dict, out: list, name: str, m: tuple) -> None:
+        key = (m[DTYPE], m[OP], m[PRE], m[POST], m[DEVICE])
+        nbytes = math.prod(m[SHAPE]) * wire_dtype(m[DTYPE]).itemsize
+        group = groups.get(key)
+        if group is not None and group[1] + nbytes > self.fusion_threshold:
+            out.append(self._allreduce_response(group))
+            group = None
+        if group is None:
+            group = groups[key] = [[], 0, [], key]
+        group[0].append(name)
+        group[1] += nbytes
+        group[2].append(m[SHAPE])
+
+    def _allreduce_response(self, group: list) -> tuple:
+        names, _, shapes, key = group
+        return ("allreduce", names, (*key, shapes) if self._joined else None, None)
+
+    def _stalls(self) -> list[tuple]:
+        now = self._clock()
+        if now < self._next_stall_check or not self._first:
+            return []
+        self._next_stall_check = now + min(1.0, self.stall_timeout / 4)
+        by_missing: dict[tuple, list[str]] = {}
+        for name, since in self._first.items():
+            if now - since > self.stall_timeout:
+                present = set(self._table[name]) | set(self._joined)
+                missing = tuple(r for r in range(self.size) if r not in present)
+                by_missing.setdefault(missing, []).append(name)
+        out = []
+        for missing, names in by_missing.items():
+            submitters = [set(self._table.pop(n)) for n in names]
+            for n in names:
+                del self._first[n]
+            shown = ", ".join(f"'{n}'" for n in names[:10])
+            if len(names) > 10:
+                shown += f" and {len(names) - 10} more"
+            out.append(("error", names, submitters, ("stall", (
+                f"Stalled for more than {self.stall_timeout:g} s: {_ranks(missing)} did not submit {shown}, "
+                f"which the other ranks are waiting on (a rank stopped participating, or ranks issue "
+                f"different collectives; TRAINRUN_STALL_TIMEOUT sets the limit)"))))
+        return out

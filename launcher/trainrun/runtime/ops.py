@@ -1,0 +1,64 @@
+"""What an operation is: reduction op constants (Horovod's values), a rank's Request, and its Handle.
+
+A Request is one rank's half of a collective: flat contiguous NumPy views of the input and (when the
+caller knows its shape) the output, in storage dtype (see fusion.py), plus everything the ranks must
+agree on (its `meta`). The engine owns both arrays until the handle completes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join", "shutdown", "abort")
+
+
+class Handle:
+    """Completion of one Request: `result` or `error` is set before `done` turns True (read it after).
+
+    Waiting is the engine's job (Engine.wait drives progress while it waits); `done` is a plain flag so
+    that creating and completing a handle costs next to nothing.
+    """
+
+    __slots__ = ("done", "result", "error", "name")
+
+    def __init__(self, name: str):
+        self.done = False
+        self.result = None
+        self.error: BaseException | None = None
+        self.name = name
+
+    def finish(self, result=None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done = True
+
+
+class Request:
+    """One rank's side of a named collective.
+
+    kind: one of KINDS (for "abort" the name carries the reason). inp/out: flat contiguous storage
+    arrays (out None when the engine allocates it: allgather, alltoall). shape: the input's shape.
+    dtype: logical dtype name. op/prescale/postscale: reductions. root: broadcast. splits: alltoall
+    send counts along dim 0, one per rank.
+    device: "cpu" (inp/out are NumPy arrays) or "cuda" (flat torch CUDA tensors, reduced with NCCL;
+    `ready` is a torch.cuda.Event recorded on the producer's stream after the input was written).
+    """
+
+    __slots__ = ("kind", "name", "inp", "out", "shape", "dtype", "op", "prescale", "postscale", "root",
+                 "splits", "device", "ready", "handle", "submitted")
+
+    def __init__(self, kind: str, name: str, inp: np.ndarray | None = None, out: np.ndarray | None = None,
+                 shape: tuple = (), dtype: str = "", op: int = Sum, prescale: float = 1.0,
+                 postscale: float = 1.0, root: int = -1, splits: tuple | None = None, device: str = "cpu",
+                 ready=None):
+        self.kind, self.name, self.inp, self.out, self.shape, self.dtype = kind, name, inp, out, shape, dtype
+        self.op, self.prescale, self.postscale, self.root, self.splits = op, prescale, postscale, root, splits
+        self.device, self.ready = device, ready
+        self.handle = Handle(name)
+        self.submitted = 0.0  # timeline only
+
+    def meta(self) -> tuple:
+        """What is sent to the coordinator (small, picklable, compared across ranks)."""
+        return (self.name, self.kind, self.dtype, self.shape, self.op, self.prescale, self.postscale,
+                self.root, self.splits, self.device)

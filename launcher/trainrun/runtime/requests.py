@@ -1,0 +1,92 @@
+"""Validated Request builders shared by the NumPy and framework layers.
+
+Each takes flat, contiguous storage arrays plus the tensor's shape and logical dtype name (see
+fusion.py), checks what a rank can check alone (raising ValueError like Horovod), names unnamed ops
+in call order (`<kind>.noname.<n>`, so ranks calling in the same order match), and returns Requests
+for `state.engine().submit`.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from trainrun.runtime import state
+from trainrun.runtime.fusion import REDUCIBLE
+from trainrun.runtime.ops import OP_NAMES, Adasum, Average, Max, Min, Product, Request, Sum
+
+_counters = {k: itertools.count() for k in ("allreduce", "grouped_allreduce", "allgather", "broadcast",
+                                             "alltoall", "reducescatter", "barrier", "join")}
+
+
+def auto_name(kind: str, name: str | None) -> str:
+    if name is None:
+        return f"{kind}.noname.{next(_counters[kind])}"
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a string, not {type(name).__name__}")
+    return name
+
+
+def check_op(op: int) -> int:
+    if op == Adasum:
+        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+    if op not in (Average, Sum, Min, Max, Product):
+        raise ValueError(f"Unknown reduction op {op!r}; use one of {sorted(OP_NAMES.values())}")
+    return op
+
+
+def _check_reducible(dtype: str) -> None:
+    if dtype not in REDUCIBLE:
+        raise ValueError(f"Cannot reduce tensors of dtype {dtype}; supported: {', '.join(REDUCIBLE)}")
+
+
+def check_dim(kind: str, shape: tuple) -> None:
+    if len(shape) == 0:
+        raise ValueError(f"{kind} needs a tensor with at least one dimension, got a scalar")
+
+
+def allreduce(inp, out, shape, dtype, name, op, prescale, postscale) -> Request:
+    _check_reducible(dtype)
+    return Request("allreduce", name, inp, out, tuple(shape), dtype, check_op(op),
+                   float(prescale), float(postscale))
+
+
+def allgather(inp, shape, dtype, name) -> Request:
+    check_dim("allgather", shape)
+    return Request("allgather", name, inp, None, tuple(shape), dtype)
+
+
+def broadcast(inp, out, shape, dtype, name, root_rank) -> Request:
+    if not 0 <= root_rank < state.size():
+        raise ValueError(f"root_rank {root_rank} is out of range for size {state.size()}")
+    return Request("broadcast", name, inp, out, tuple(shape), dtype, root=int(root_rank))
+
+
+def alltoall(inp, shape, dtype, name, splits) -> Request:
+    check_dim("alltoall", shape)
+    n = state.size()
+    if splits is None:
+        if shape[0] % n:
+            raise ValueError(f"alltoall without splits needs the first dimension ({shape[0]}) divisible by size ({n})")
+        splits = [shape[0] // n] * n
+    splits = tuple(int(s) for s in np.asarray(splits).reshape(-1))
+    if len(splits) != n or min(splits, default=0) < 0 or sum(splits) != shape[0]:
+        raise ValueError(f"alltoall splits {list(splits)} must be {n} non-negative counts summing to "
+                         f"the first dimension ({shape[0]})")
+    return Request("alltoall", name, inp, None, tuple(shape), dtype, splits=splits)
+
+
+def reducescatter(inp, out, shape, dtype, name, op, prescale, postscale) -> Request:
+    check_dim("reducescatter", shape)
+    _check_reducible(dtype)
+    return Request("reducescatter", name, inp, out, tuple(shape), dtype, check_op(op),
+                   float(prescale), float(postscale))
+
+
+def barrier(name: str) -> Request:
+    return Request("barrier", name)
+
+
+def join() -> Request:
+    from trainrun.runtime.negotiation import JOIN_NAME
+    return Request("join", JOIN_NAME)

@@ -1,0 +1,22 @@
+"""Horovod's PyTorch API on trainrun: `import trainrun.torch as hvd` in a Horovod script.
+
+init/shutdown/topology come from the framework-free runtime; ops (mpi_ops.py), model/optimizer
+helpers (functions.py), DistributedOptimizer (optimizer.py) and Compression are torch-specific.
+"""
+from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
+from trainrun.runtime.state import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
+                                    init, is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
+                                    rocm_built, shutdown, size)
+from trainrun.torch.compression import Compression
+from trainrun.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
+                                      broadcast_parameters)
+from trainrun.torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async,
+                                    allreduce, allreduce_, allreduce_async, allreduce_async_, alltoall,
+                                    alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+                                    broadcast_async_, global_process_set, grouped_allreduce,
+                                    grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, join,
+                                    poll, reducescatter, reducescatter_async, synchronize)
+from trainrun.torch.optimizer import DistributedOptimizer
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,392 @@
+"""horovod.torch's collective ops on torch tensors, over the framework-free runtime.
+
+Tensors reach the engine as NumPy views of their storage (no copy for contiguous CPU tensors;
+bfloat16 travels as its 16-bit pattern). Non-contiguous tensors are copied to a contiguous buffer
+(and, for in-place ops, copied back when the op completes). CUDA tensors stay on the GPU and are
+reduced with NCCL (runtime/backends/nccl.py) when libnccl.so.2 loads; with
+TRAINRUN_GPU_OPERATIONS=mpi (or no NCCL) they are staged through host memory.
+
+Handles are ints (shared with trainrun.runtime's); `synchronize` returns the output tensor.
+The blocking `allreduce`, `grouped_allreduce`, `allgather`, `broadcast` and `reducescatter` are
+differentiable, with Horovod's gradients.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+
+from trainrun.runtime import api, requests as rq, state
+from trainrun.runtime.backends import nccl
+from trainrun.runtime.collectives import split_rows
+from trainrun.runtime.fusion import dtype_name
+from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from trainrun.torch.compression import Compression
+
+global_process_set = None  # only the global process set exists; accepted for signature compatibility
+
+
+def _check_process_set(process_set) -> None:
+    if process_set is not None:
+        raise NotImplementedError("trainrun supports only the global process set")
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+# ---- tensor <-> engine buffers ------------------------------------------------------------
+def _nccl(t: torch.Tensor) -> bool:
+    """Whether `t` is reduced on its GPU with NCCL (else it is staged through host memory)."""
+    return t.is_cuda and nccl.gpu_operations() == "nccl"
+
+
+def _view(t: torch.Tensor):
+    """(flat buffer, logical dtype name) for the engine: a NumPy view of a contiguous CPU tensor's
+    storage, or the flat CUDA tensor itself on the NCCL path."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_cuda:
+        return t.reshape(-1), str(t.dtype).replace("torch.", "")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().reshape(-1).view(np.uint16), "bfloat16"
+    a = t.numpy().reshape(-1)
+    return a, dtype_name(a.dtype)
+
+
+def _placed(req, buf: torch.Tensor):
+    """Mark a request built on `buf` as a GPU one when `buf` is on the GPU (NCCL path)."""
+    if buf.is_cuda:
+        req.device = "cuda"
+        req.ready = torch.cuda.Event()
+        req.ready.record()  # after the producer's kernels on the current stream
+    return req
+
+
+def _tensor(a, dtype: str) -> torch.Tensor:
+    """Tensor of an engine-allocated result (NumPy memory shared; CUDA results are tensors already)."""
+    if isinstance(a, torch.Tensor):
+        return a
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with t's data the engine can work on: t itself when possible; a host copy
+    for CUDA tensors without NCCL."""
+    if t.is_cuda and not _nccl(t):
+        return t.detach().to("cpu").contiguous()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _to_device(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return result if result.device == like.device else result.to(like.device)
+
+
+def _in_place(t: torch.Tensor):
+    """Buffer for in-place work on `t`, and the function that returns `t` with the result in it."""
+    buf = _host(t)
+    if buf is t:
+        return buf, lambda: t
+
+    def write_back():
+        with torch.no_grad():
+            t.copy_(buf)
+        return t
+    return buf, write_back
+
+
+# ---- op builders: (Requests, finalize) for api.submit / api.run -----------------------------
+def _allreduce(tensor, name, op, prescale_factor, postscale_factor, in_place):
+    if in_place:
+        buf, done = _in_place(tensor)
+        out = buf
+    else:
+        buf = _host(tensor)
+        out = torch.empty_like(buf)
+    inp, dtype = _view(buf)
+    req = rq.allreduce(inp, inp if in_place else _view(out)[0], buf.shape, dtype,
+                       rq.auto_name("allreduce", name), op, prescale_factor, postscale_factor)
+    return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(out, tensor)))
+
+
+def _grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, in_place):
+    base = rq.auto_name("grouped_allreduce", name)
+    reqs, finals = [], []
+    for i, t in enumerate(tensors):
+        (req,), fin = _allreduce(t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)
+        reqs.append(req)
+        finals.append(fin)
+    return reqs, lambda res: [f(None) for f in finals]
+
+
+def _allgather(tensor, name):
+    buf = _host(tensor)
+    inp, dtype = _view(buf)
+    req = rq.allgather(inp, buf.shape, dtype, rq.auto_name("allgather", name))
+    return [_placed(req, buf)], lambda res: _to_device(_tensor(res[0], dtype), tensor)
+
+
+def _broadcast(tensor, root_rank, name, in_place):
+    if in_place:
+        buf, done = _in_place(tensor)
+    else:
+        src = _host(tensor)
+        buf = src.clone() if state.rank() == root_rank else torch.empty_like(src)
+    flat, dtype = _view(buf)
+    req = rq.broadcast(flat, flat, buf.shape, dtype, rq.auto_name("broadcast", name), root_rank)
+    return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(buf, tensor)))
+
+
+def _alltoall(tensor, splits, name):
+    buf = _host(tensor)
+    inp, dtype = _view(buf)
+    if isinstance(splits, torch.Tensor):
+        splits = splits.cpu().numpy()
+    req = rq.alltoall(inp, buf.shape, dtype, rq.auto_name("alltoall", name), splits)
+
+    def finalize(res):
+        out, received = res[0]
+        out = _to_device(_tensor(out, dtype), tensor)
+        return out if splits is None else (out, torch.as_tensor(received))
+    return [_placed(req, buf)], finalize
+
+
+def _reducescatter(tensor, name, op, prescale_factor, postscale_factor):
+    buf = _host(tensor)
+    rq.check_dim("reducescatter", tuple(buf.shape))
+    rows = split_rows(buf.shape[0], state.size())[state.rank()]
+    out = torch.empty((rows,) + tuple(buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+    inp, dtype = _view(buf)
+    req = rq.reducescatter(inp, _view(out)[0], buf.shape, dtype, rq.auto_name("reducescatter", name),
+                           op, prescale_factor, postscale_factor)
+    return [_placed(req, buf)], lambda _: _to_device(out, tensor)
+
+
+# ---- async API --------------------------------------------------------------------------
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.submit(_allreduce(tensor, name, op, prescale_factor, postscale_factor, False))
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.submit(_allreduce(tensor, name, op, prescale_factor, postscale_factor, True))
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=global_process_set) -> torch.Tensor:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.run(_allreduce(tensor, name, op, prescale_factor, postscale_factor, True))
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.submit(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, False))
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.submit(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, True))
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set) -> list:
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    return api.run(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, True))
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return api.submit(_allgather(tensor, name))
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return api.submit(_broadcast(tensor, root_rank, name, False))
+
+
+def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return api.submit(_broadcast(tensor, root_rank, name, True))
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    _check_process_set(process_set)
+    return api.run(_broadcast(tensor, root_rank, name, True))
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
+    _check_process_set(process_set)
+    return api.submit(_alltoall(tensor, splits, name))
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Rows splits[r] of dim 0 go to rank r (equal parts when None); returns the output, plus the
+    received splits when `splits` was given. Not differentiable."""
+    _check_process_set(process_set)
+    return api.run(_alltoall(tensor, splits, name))
+
+
+def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0) -> int:
+    _check_process_set(process_set)
+    return api.submit(_reducescatter(tensor, name, op, prescale_factor, postscale_factor))
+
+
+def poll(handle: int) -> bool:
+    return state.poll(handle)
+
+
+def synchronize(handle: int):
+    return state.synchronize(handle)
+
+
+def barrier(process_set=global_process_set) -> None:
+    _check_process_set(process_set)
+    api.barrier()
+
+
+def join(device=-1) -> int:
+    """Stop contributing data: until every rank has joined, this rank adds zeros to the others'
+    allreduces. Returns the rank that joined last. `device` is accepted for compatibility."""
+    return api.join()
+
+
+# ---- differentiable blocking ops -------------------------------------------------------------
+class HorovodAllreduce(torch.autograd.Function):
+    """Gradient of an allreduce is the same allreduce of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        return api.run(_allreduce(tensor, name, op, prescale_factor, postscale_factor, False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = api.run(_allreduce(grad_output.contiguous(), None, ctx.op, ctx.prescale_factor,
+                                  ctx.postscale_factor, False))
+        return grad, None, None, None, None
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
+        return tuple(api.run(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, False)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = api.run(_grouped_allreduce([g.contiguous() for g in grads], None, ctx.op,
+                                             ctx.prescale_factor, ctx.postscale_factor, False))
+        return (None, None, None, None, *reduced)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """Gradient: average the gradient over ranks, keep this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, tensor, name):
+        ctx.dim = tensor.shape[0]
+        return api.run(_allgather(tensor, name))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = api.run(_allreduce(grad_output.contiguous(), None, Average, 1.0, 1.0, False))
+        dims = api.run(_allgather(torch.tensor([ctx.dim], dtype=torch.int64), None))
+        offset = int(dims[:state.rank()].sum())
+        return grad.narrow(0, offset, ctx.dim), None
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """Gradient: the average gradient on the root, zero elsewhere."""
+
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return api.run(_broadcast(tensor, root_rank, name, False))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = api.run(_allreduce(grad_output.contiguous(), None, Average, 1.0, 1.0, False))
+        if state.rank() != ctx.root_rank:
+            grad = grad * 0
+        return grad, None, None
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """Gradient: gather the slices' gradients (divided by size for Average)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
+        ctx.op = op
+        return api.run(_reducescatter(tensor, name, op, prescale_factor, postscale_factor))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = api.run(_allgather(grad_output.contiguous(), None))
+        if ctx.op == Average:
+            grad = grad / state.size()
+        return grad, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
+    """Reduce `tensor` over ranks (default Average); returns a new tensor. Differentiable."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    compressed, ctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> list:
+    """allreduce of a list in one fused reduction. Differentiable."""
+    _check_process_set(process_set)
+    op = handle_average_backwards_compatibility(op, average)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, *[t for t, _ in pairs])
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs)]
+
+
+def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
+    """Concatenate every rank's tensor along dim 0 (which may differ per rank). Differentiable."""
+    _check_process_set(process_set)
+    return HorovodAllgather.apply(tensor, name)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
+    """root_rank's tensor on every rank, as a new tensor. Differentiable."""
+    _check_process_set(process_set)
+    return HorovodBroadcast.apply(tensor, root_rank, name)
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
+    """Reduce over ranks and keep this rank's slice of dim 0. Differentiable."""
+    _check_process_set(process_set)
+    compressed, ctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)

@@ -1,0 +1,219 @@
+"""DistributedOptimizer (horovod.torch.optimizer): average gradients across ranks during backward.
+
+Each parameter gets a post-accumulate-grad hook that starts its allreduce (in place on p.grad, named
+after the parameter) as soon as its gradient is final for this step, so communication overlaps the
+rest of backward; `step()` waits for all of them (`synchronize()`), then runs the wrapped optimizer.
+With backward_passes_per_step=k, gradients accumulate locally for k backward passes and are reduced
+once. `groups` (a list of lists of parameters, or a number of groups) reduces each group together,
+started when its last member's gradient is ready.
+"""
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+
+import torch
+
+from trainrun.runtime import state
+from trainrun.torch.compression import Compression
+from trainrun.torch.mpi_ops import Adasum, Average, allreduce_async_, grouped_allreduce_async_
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
+                 gradient_predivide_factor=1.0, groups=None):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                                for i, group in enumerate(self.param_groups) for j, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. "
+                             "Found duplicates: %s" % ", ".join(dups))
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        unnamed = all_ids - {id(v) for _, v in named_parameters}
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                             "Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+
+        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self._handles: dict = {}
+        self._hook_handles = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = self._make_groups(groups)
+        self._group_of = {p: g for g in self._groups for p in g}
+        self._group_ready: dict = {}
+        if state.size() > 1:
+            self._register_hooks()
+
+    def _make_groups(self, groups) -> list[tuple]:
+        if not groups:
+            return []
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        if isinstance(groups, int):
+            return [tuple(params[i::groups]) for i in range(groups) if params[i::groups]]
+        if not isinstance(groups, list) or not all(isinstance(g, (list, tuple)) for g in groups):
+            raise ValueError("groups should be a non-negative integer or a list of lists of torch.Tensor.")
+        known = {id(p) for p in params}
+        out = [tuple(g) for g in groups if g]
+        if any(id(p) not in known for g in out for p in g):
+            raise ValueError("groups must only contain parameters of the optimizer that require grad")
+        return out
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    def _scales(self):
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:  # a parameter that took no part in this step's loss
+            p.grad = p.data.new(p.size()).zero_()
+        compressed, ctx = self._compression.compress(p.grad)
+        pre, post = self._scales()
+        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
+                                  prescale_factor=pre, postscale_factor=post)
+        return handle, (compressed, ctx)
+
+    def _grouped_allreduce_grad_async(self, params):
+        pairs = []
+        for p in params:
+            if p.grad is None:
+                p.grad = p.data.new(p.size()).zero_()
+            pairs.append(self._compression.compress(p.grad))
+        pre, post = self._scales()
+        name = "grouped." + ".".join(sorted(self._parameter_names[p] for p in params))
+        handle = grouped_allreduce_async_([t for t, _ in pairs], name=name, op=self.op,
+                                          prescale_factor=pre, postscale_factor=post)
+        return handle, pairs
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call "
+                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            self._allreduce_delay[p] -= 1
+            handle, ctx = None, None
+            if self._allreduce_delay[p] == 0:
+                group = self._group_of.get(p)
+                if group is None:
+                    handle, ctx = self._allreduce_grad_async(p)
+                else:
+                    ready = self._group_ready.setdefault(group, set())
+                    ready.add(p)
+                    if len(ready) == len(group):
+                        del self._group_ready[group]
+                        self._handles[group] = self._grouped_allreduce_grad_async(group)
+                        for q in group:
+                            self._handles.pop(q, None)
+                        return
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Wait for every gradient's allreduce (starting those whose hooks did not fire) and write the
+        averaged gradients into p.grad."""
+        if state.size() == 1:
+            self._synchronized = True
+            return
+        done = set()
+        for key in self._handles:
+            done.update(key if isinstance(key, tuple) else (key,))
+        for p in self._requires_update - done:
+            group = self._group_of.get(p)
+            if group is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+            elif group not in self._handles:
+                self._group_ready.pop(group, None)
+                for q in group:  # members whose hooks fired wait as (None, None): reduce them once, here
+                    self._handles.pop(q, None)
+                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                done.update(group)
+        for key, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[key] = self._allreduce_grad_async(key)
+        state.synchronize_all([handle for handle, _ in self._handles.values()])
+        for key, (handle, ctx) in self._handles.items():
+            params, pairs = (key, ctx) if isinstance(key, tuple) else ((key,), [ctx])
+            for p, (compressed, cctx) in zip(params, pairs):
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                grad = self._compression.decompress(compressed, cctx)
+                if grad is not p.grad:
+                    with torch.no_grad():
+                        p.grad.copy_(grad)
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Inside this context step() does not synchronize (use after an explicit synchronize())."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                              "consider using optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
+                                 "can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=None):
+    """Wrap `optimizer` so step() applies gradients averaged (op) over all ranks.
+
+    Returns an instance of a dynamic subclass of the optimizer's class that shares its param_groups and
+    state. Raises ValueError for gradient_predivide_factor with op != Average, for unnamed or duplicate
+    parameter names, and for op=Adasum (not supported).
+    """
+    if process_set is not None:
+        raise NotImplementedError("trainrun supports only the global process set")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum:
+        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups)

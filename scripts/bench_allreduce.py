@@ -1,0 +1,185 @@
+"""Allreduce benchmark: trainrun vs raw mpi4py vs torch.distributed (gloo), side by side, 2 ranks.
+
+    mpiexec -n 2 python scripts/bench_allreduce.py [--out bench-out/bench_allreduce.md] [--quick]
+    (or: trainrun -np 2 python scripts/bench_allreduce.py)
+
+Measures (medians of per-iteration times on rank 0, float32; contenders alternate in blocks):
+  1. one in-place allreduce of 4 KiB .. 64 MiB (trainrun allreduce_, MPI IN_PLACE, gloo all_reduce);
+  2. 160 x 4 KiB: trainrun grouped_allreduce and 160 async ops, against raw MPI one call per tensor
+     and raw MPI on one pre-fused buffer;
+  3. a training step of a model with 100 parameter tensors: DistributedOptimizer vs torch DDP (gloo).
+Writes one markdown table to stdout and to --out.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from mpi4py import MPI
+
+import trainrun.runtime as rt
+import trainrun.torch as hvd
+
+COMM = MPI.COMM_WORLD
+
+
+def medians_us(fns, iters, warmup=3, rounds=3):
+    """Median time of each of `fns` over `iters` calls, each started right after a barrier. The calls
+    run in blocks, contender after contender, `rounds` times over, so a load burst on this shared
+    machine spreads over all of them while each block keeps its own caches warm."""
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, ts in zip(fns, times):
+            for _ in range(warmup):
+                fn()
+            for _ in range(max(1, iters // rounds)):
+                COMM.Barrier()
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) * 1e6 for ts in times]
+
+
+def iters_for(nbytes, quick):
+    n = max(5, min(300, (256 << 20) // max(nbytes, 1) // 8))
+    return max(3, n // 5) if quick else n
+
+
+def fmt_us(us):
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def fmt_size(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def init_gloo():
+    port = COMM.bcast(29500 + os.getpid() % 1000 if COMM.rank == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=COMM.rank, world_size=COMM.size)
+
+
+def single_sizes(quick):
+    rows = []
+    for nbytes in [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]:
+        x = np.ones(nbytes // 4, np.float32)
+        t = torch.from_numpy(x.copy())
+        it = iters_for(nbytes, quick)
+        # all three in place on a preallocated buffer (as gradients are reduced); trainrun's
+        # out-of-place allreduce adds the first-touch cost of a fresh output on large tensors
+        ours, raw, gloo = medians_us([lambda: rt.allreduce_(x, name="bench", op=rt.Sum),
+                                      lambda: COMM.Allreduce(MPI.IN_PLACE, x),
+                                      lambda: dist.all_reduce(t)], it)
+        gbs = lambda us: f"{nbytes / us / 1e3:.2f}"  # noqa: E731  (GB/s of the tensor size)
+        rows.append((f"allreduce {fmt_size(nbytes)}", fmt_us(ours), fmt_us(raw), fmt_us(gloo),
+                     f"{ours / raw:.1f}x", f"{ours / gloo:.2f}x", f"{gbs(ours)} / {gbs(raw)} / {gbs(gloo)}"))
+    return rows
+
+
+def many_small(quick):
+    n, count = 1024, 160
+    xs = [np.full(n, i, np.float32) for i in range(count)]
+    fused = np.concatenate(xs)
+    ts = [torch.from_numpy(x.copy()) for x in xs]
+    it = 30 if quick else 100
+
+    def asyncs():
+        hs = [rt.allreduce_async_(x, name=f"s{i}", op=rt.Sum) for i, x in enumerate(xs)]
+        for h in hs:
+            rt.synchronize(h)
+
+    def raw_each():
+        for x in xs:
+            COMM.Allreduce(MPI.IN_PLACE, x)
+
+    def gloo_each():
+        for t in ts:
+            dist.all_reduce(t)
+
+    grouped, asy, raw, raw_fused = medians_us([lambda: rt.grouped_allreduce(xs, name="g", op=rt.Sum), asyncs,
+                                               raw_each, lambda: COMM.Allreduce(MPI.IN_PLACE, fused)], it)
+    (gloo,) = medians_us([gloo_each], max(5, it // 10))
+    rows = [("160 x 4 KiB grouped_allreduce", fmt_us(grouped), fmt_us(raw_fused) + " (one fused call)", fmt_us(gloo),
+             f"{grouped / raw_fused:.1f}x", f"{grouped / gloo:.3f}x", ""),
+            ("160 x 4 KiB, 160 async + synchronize", fmt_us(asy), fmt_us(raw) + " (160 calls)", fmt_us(gloo),
+             f"{asy / raw:.1f}x", f"{asy / gloo:.3f}x", "")]
+    return rows
+
+
+class Deep(nn.Module):
+    """50 Linear(64, 64) layers: 100 parameter tensors, 208K parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(50))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def training_step(quick):
+    it = 20 if quick else 60
+    x, y = torch.randn(32, 64), torch.randn(32, 64)
+
+    torch.manual_seed(0)
+    model = Deep()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
+
+    def ours():
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(Deep())
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def theirs():
+        ddp_opt.zero_grad()
+        nn.functional.mse_loss(ddp(x), y).backward()
+        ddp_opt.step()
+
+    torch.manual_seed(0)
+    local = Deep()
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.01)
+
+    def compute_only():
+        local_opt.zero_grad()
+        nn.functional.mse_loss(local(x), y).backward()
+        local_opt.step()
+
+    a, b, c = medians_us([ours, theirs, compute_only], it)
+    return [(f"train step, {len(list(model.parameters()))} param tensors (DistributedOptimizer vs DDP)",
+             fmt_us(a), f"{fmt_us(c)} (no communication)", fmt_us(b), "", f"{a / b:.2f}x", "")]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench-out/bench_allreduce.md", help="markdown file to write (rank 0)")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rt.init()
+    init_gloo()
+    rows = single_sizes(args.quick) + many_small(args.quick) + training_step(args.quick)
+    if COMM.rank == 0:
+        head = ("| what | trainrun | raw mpi4py | torch gloo | trainrun / raw | trainrun / gloo | GB/s (trainrun / raw / gloo) |\n"
+                "|---|---|---|---|---|---|---|\n")
+        table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+        note = (f"\n{COMM.size} ranks, float32, medians on rank 0; MPI: {MPI.Get_library_version().splitlines()[0]}; "
+                f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        print(table + note)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(table + note)
+    dist.destroy_process_group()
+    rt.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""The one place that starts ranks for the runtime tests: `mpiexec -n N` from the venv, or the
+trainrun launcher (`python -m trainrun -np N`) when TRAINRUN_TEST_LAUNCHER=trainrun.
+
+`run_cases(worker, np)` runs tests/runtime/workers/<worker>.py on `np` ranks once; the worker runs its
+cases (see workers/harness.py) and every rank writes {case: error-or-None} as JSON; the result maps
+each case to the list of per-rank errors, so one launch serves many pytest tests.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+WORKERS = Path(__file__).parent / "workers"
+MPIEXEC = Path(sys.executable).parent / "mpiexec"
+
+
+def launch_argv(np: int, argv: list[str]) -> list[str]:
+    """The command line that starts `argv` as `np` ranks of one MPI world."""
+    if os.environ.get("TRAINRUN_TEST_LAUNCHER") == "trainrun":
+        return [sys.executable, "-m", "trainrun", "-np", str(np), *argv]
+    return [str(MPIEXEC), "-n", str(np), *argv]
+
+
+def run_ranks(script: Path, np: int, args=(), env=None, timeout=120) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(launch_argv(np, [sys.executable, str(script), *args]), env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_cases(worker: str, np: int, out_dir: Path, env=None, timeout=120) -> dict[str, list]:
+    """Run a worker's cases on `np` ranks. Raises AssertionError (with output) if the run itself failed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = run_ranks(WORKERS / f"{worker}.py", np, [str(out_dir)], env, timeout)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{worker} -np {np} timed out after {timeout}s:\n{e.stdout}\n{e.stderr}") from None
+    results = {}
+    for r in range(np):
+        path = out_dir / f"rank{r}.json"
+        if not path.exists():
+            raise AssertionError(f"{worker} -np {np}: rank {r} wrote no results (rc={proc.returncode})\n"
+                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        for case, err in json.loads(path.read_text()).items():
+            results.setdefault(case, []).append(err)
+    if proc.returncode != 0:
+        raise AssertionError(f"{worker} -np {np} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return results
+
+
+def check(results: dict, case: str) -> None:
+    errors = [f"rank {r}: {e}" for r, e in enumerate(results[case]) if e]
+    assert not errors, "\n".join(errors)

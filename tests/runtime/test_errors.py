@@ -1,0 +1,72 @@
+"""Mismatches fail on every rank naming the tensor and the difference; stalls name the missing rank."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.runtime.launch import WORKERS, check, run_cases, run_ranks
+
+CASES = ["shape_mismatch", "dtype_op_root_kind_mismatch", "still_works_after_errors",
+         "stall_names_missing_rank_and_tensor", "duplicate_name_in_flight"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return run_cases("errors", 2, tmp_path_factory.mktemp("errors"), env={"TRAINRUN_STALL_TIMEOUT": "1"})
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case(results, case):
+    check(results, case)
+
+
+def test_single_process_init_shutdown_timeline(tmp_path):
+    """No launcher at all: size 1; also init after shutdown and the timeline file."""
+    proc = subprocess.run([sys.executable, str(WORKERS / "single.py"), str(tmp_path / "tl.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "single ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_timeline_has_every_rank(tmp_path):
+    path = tmp_path / "timeline.json"
+    code = ("import numpy as np, trainrun.runtime as hvd; hvd.init(); "
+            "[hvd.allreduce(np.ones(100), name=f'g{i}') for i in range(3)]; hvd.shutdown()")
+    script = tmp_path / "tl.py"
+    script.write_text(code)
+    proc = run_ranks(script, 2, env={"TRAINRUN_TIMELINE": str(path)}, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = json.loads(path.read_text())["traceEvents"]
+    spans = {(e["pid"], e["name"]) for e in events if e["ph"] == "X"}
+    assert {(0, "NEGOTIATE"), (1, "NEGOTIATE"), (0, "ALLREDUCE"), (1, "ALLREDUCE")} <= spans
+
+
+@pytest.mark.skipif(os.environ.get("TRAINRUN_TEST_LAUNCHER") == "trainrun",
+                    reason="the launcher sets TRAINRUN_* itself")
+def test_env_contract_disagreement_is_an_error(tmp_path):
+    script = tmp_path / "env.py"
+    script.write_text("import trainrun.runtime as hvd; hvd.init()")
+    proc = run_ranks(script, 2, env={"TRAINRUN_SIZE": "3", "TRAINRUN_LOCAL_RANK": "5"}, timeout=60)
+    assert proc.returncode != 0
+    assert "TRAINRUN_SIZE=3 but MPI says 2" in proc.stderr and "TRAINRUN_LOCAL_RANK=5" in proc.stderr
+
+
+def test_a_crashing_rank_fails_the_others_fast(tmp_path):
+    """A rank dies with an exception: the others' pending collective fails at once, naming it."""
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import time, numpy as np, trainrun.runtime as hvd\n"
+        "hvd.init()\n"
+        "if hvd.rank() == 1:\n"
+        "    time.sleep(0.3)\n"
+        "    raise SystemError('boom')\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    hvd.allreduce(np.ones(3), name='never')\n"
+        "except hvd.HorovodInternalError as e:\n"
+        "    print('CAUGHT', round(time.monotonic() - t, 1), e, flush=True)\n")
+    proc = run_ranks(script, 2, env={"TRAINRUN_STALL_TIMEOUT": "60"}, timeout=60)
+    assert "CAUGHT" in proc.stdout and "rank 1 stopped" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    waited = float(proc.stdout.split("CAUGHT")[1].split()[0])
+    assert waited < 5, proc.stdout

@@ -1,0 +1,71 @@
+"""Mismatch, stall and misuse errors (run by tests/runtime/test_errors.py with TRAINRUN_STALL_TIMEOUT=1)."""
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import trainrun.runtime as hvd  # noqa: E402
+from harness import case, main  # noqa: E402
+
+
+def expect(exc_type, call, *fragments):
+    try:
+        call()
+    except exc_type as e:
+        missing = [f for f in fragments if f not in str(e)]
+        assert not missing, f"{exc_type.__name__} message lacks {missing}: {e}"
+        return str(e)
+    raise AssertionError(f"expected {exc_type.__name__}")
+
+
+@case
+def shape_mismatch():
+    shape = (4,) if hvd.rank() == 0 else (5,)
+    msg = expect(hvd.TensorMismatchError, lambda: hvd.allreduce(np.ones(shape), name="grad.w"),
+                 "grad.w", "shape", "(4,)", "(5,)")
+    assert "rank 0" in msg and "rank 1" in msg
+
+
+@case
+def dtype_op_root_kind_mismatch():
+    me = hvd.rank()
+    expect(hvd.TensorMismatchError, lambda: hvd.allreduce(np.ones(3, np.float32 if me else np.float64), name="d"),
+           "'d'", "dtype", "float32", "float64")
+    expect(hvd.TensorMismatchError, lambda: hvd.allreduce(np.ones(3), name="o", op=hvd.Sum if me else hvd.Max),
+           "'o'", "reduce op", "Sum", "Max")
+    expect(hvd.TensorMismatchError, lambda: hvd.broadcast(np.ones(3), root_rank=me, name="b"), "'b'", "root_rank")
+    call = (lambda: hvd.allgather(np.ones(3), name="k")) if me else (lambda: hvd.allreduce(np.ones(3), name="k"))
+    expect(hvd.TensorMismatchError, call, "'k'", "operation", "allgather", "allreduce")
+    expect(hvd.TensorMismatchError, lambda: hvd.allgather(np.ones((2, 2 + me)), name="g"), "'g'", "shape")
+
+
+@case
+def still_works_after_errors():
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(3), op=hvd.Sum), np.full(3, hvd.size()))
+
+
+@case
+def stall_names_missing_rank_and_tensor():
+    if hvd.rank() == 0:
+        t0 = time.monotonic()
+        h = hvd.allreduce_async(np.ones(2), name="only.on.rank0")
+        msg = expect(hvd.StallError, lambda: hvd.synchronize(h), "only.on.rank0", "rank 1", "TRAINRUN_STALL_TIMEOUT")
+        assert 1.0 <= time.monotonic() - t0 < 2.0, msg
+        time.sleep(2.2 - (time.monotonic() - t0))  # rank 1 is back by then
+    else:
+        time.sleep(2.0)  # "stops participating" for longer than the stall timeout
+    hvd.barrier()
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(1), op=hvd.Sum), [hvd.size()])
+
+
+@case
+def duplicate_name_in_flight():
+    h = hvd.allreduce_async(np.ones(2), name="dup")
+    expect(ValueError, lambda: hvd.allreduce_async(np.ones(2), name="dup"), "dup")
+    hvd.synchronize(h)
+
+
+if __name__ == "__main__":
+    main(hvd)

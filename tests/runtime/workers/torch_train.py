@@ -1,0 +1,173 @@
+"""DistributedOptimizer against single-process training (run by tests/runtime/test_torch.py).
+
+Every rank also trains the single-process reference on the concatenation of all ranks' batches (the
+data is a function of (step, rank) only), so the comparison needs no extra launch.
+"""
+import os
+import sys
+import warnings
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(__file__))
+import trainrun.torch as hvd  # noqa: E402
+from harness import case, main  # noqa: E402
+
+BATCH, STEPS = 8, 4
+
+
+def cnn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 4 * 4, 10), nn.BatchNorm1d(10))
+
+
+def batch(step, rank, micro=0):
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + micro)
+    return torch.randn(BATCH, 1, 8, 8, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+
+
+def loss_of(model, x, y):
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train(micro_steps=1, **opt_kwargs):
+    """(distributed model, reference model) after STEPS steps of SGD with momentum."""
+    model, ref = cnn(), cnn()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   backward_passes_per_step=micro_steps, **opt_kwargs)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        for m in range(micro_steps):
+            loss_of(model, *batch(step, hvd.rank(), m)).backward()
+            # the reference runs each rank's shard through the model (BatchNorm sees the same batches)
+            # and averages the losses: the gradient the ranks' averaged gradients must equal
+            ref_loss = sum(loss_of(ref, *batch(step, r, m)) for r in range(hvd.size())) / hvd.size()
+            ref_loss.backward()
+        opt.step()
+        ref_opt.step()
+    return model, ref
+
+
+def assert_identical_across_ranks(model):
+    mine = params(model)
+    everyone = hvd.allgather(mine.unsqueeze(0))
+    for r in range(hvd.size()):
+        assert torch.equal(everyone[r], mine), f"rank {r}'s parameters differ from rank {hvd.rank()}'s"
+
+
+@case
+def matches_single_process():
+    model, ref = train()
+    assert_identical_across_ranks(model)
+    torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(params(model), params(cnn())), "training did not change the model"
+
+
+@case
+def backward_passes_per_step_2():
+    model, ref = train(micro_steps=2)
+    assert_identical_across_ranks(model)
+    torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+
+@case
+def fp16_compression():
+    model, ref = train(compression=hvd.Compression.fp16)
+    assert_identical_across_ranks(model)
+    torch.testing.assert_close(params(model), params(ref), rtol=1e-2, atol=2e-3)
+
+
+@case
+def groups():
+    for groups in (2, None):
+        model, ref = train(groups=groups, gradient_predivide_factor=2.0)
+        assert_identical_across_ranks(model)
+        torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+
+@case
+def unused_parameter_in_group():
+    torch.manual_seed(0)
+    used, unused = nn.Linear(4, 3), nn.Linear(4, 3)
+    model = nn.ModuleDict({"used": used, "unused": unused})
+    start = params(model).clone()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), groups=[list(model.parameters())])
+    for step in range(2):
+        opt.zero_grad()
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step * 10 + hvd.rank()))
+        used(x).pow(2).mean().backward()  # `unused` gets no gradient: synchronize() reduces zeros for it
+        opt.step()
+    assert_identical_across_ranks(model)
+    assert torch.equal(torch.cat([p.reshape(-1) for p in unused.parameters()]),
+                       start[-sum(p.numel() for p in unused.parameters()):])
+
+
+@case
+def broadcast_makes_diverged_ranks_identical():
+    model = cnn(seed=hvd.rank())  # different initial weights per rank
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (hvd.rank() + 1))
+    loss_of(model, *batch(0, hvd.rank())).backward()
+    opt.step()  # different optimizer state per rank too
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert_identical_across_ranks(model)
+    buffers = torch.cat([b.reshape(-1).float() for b in model.buffers()])
+    assert hvd.allgather_object(buffers.tolist()) == [buffers.tolist()] * hvd.size()
+    state = [(k, v.tolist()) for s in opt.state_dict()["state"].values() for k, v in sorted(s.items())]
+    assert hvd.allgather_object(state) == [state] * hvd.size()
+    assert hvd.allgather_object(opt.param_groups[0]["lr"]) == [0.01] * hvd.size()
+    fresh = torch.optim.SGD(model.parameters(), lr=0.5 + hvd.rank(), momentum=0.9)  # no state yet
+    hvd.broadcast_optimizer_state(fresh, root_rank=1)
+    assert fresh.param_groups[0]["lr"] == 1.5
+    model2 = cnn(seed=10 + hvd.rank())
+    hvd.broadcast_parameters(model2.named_parameters(), root_rank=1)
+    assert torch.equal(params(model2), params(cnn(seed=11)))
+
+
+@case
+def synchronize_then_skip():
+    model = cnn()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    loss_of(model, *batch(0, hvd.rank())).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with opt.skip_synchronize():
+        opt.step()
+    assert_identical_across_ranks(model)
+    loss_of(model, *batch(1, hvd.rank())).backward()
+    try:
+        opt.zero_grad()
+    except AssertionError:
+        pass
+    else:
+        raise AssertionError("zero_grad with pending allreduces did not raise")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt.step()
+
+
+@case
+def optimizer_errors():
+    model = cnn()
+    named = list(model.named_parameters())
+    for kwargs in ({"named_parameters": named[:1]}, {"named_parameters": [("a", p) for _, p in named]},
+                   {"named_parameters": named, "op": hvd.Sum, "gradient_predivide_factor": 2.0}):
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+        except ValueError:
+            continue
+        raise AssertionError(f"no ValueError for {list(kwargs)}")
+
+
+if __name__ == "__main__":
+    main(hvd)
