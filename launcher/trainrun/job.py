@@ -83,11 +83,8 @@ class ProcessGroup:
         self._stop_deadline: float | None = None
         self._killed = False
         self._specs = {p.rank: p for p in plan.procs}
-        self.world = None
-        if mpi:
-            from trainrun.mpiworld import MpiWorld
-
-            self.world = MpiWorld(plan, start_timeout)
+        self.start_timeout = start_timeout
+        self.world = None  # the MpiWorld, made when the first rank speaks PMI (programs without MPI never pay)
         agents = agents or {}
         local_procs = [p for p in plan.procs if p.host not in agents]
         self.groups = [LocalRanks(local_procs, self, pmi=mpi)] if local_procs else []
@@ -122,6 +119,10 @@ class ProcessGroup:
             self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank)
 
     def on_pmi(self, rank: int, data: bytes) -> None:
+        if self.world is None:
+            from trainrun.mpiworld import MpiWorld
+
+            self.world = MpiWorld(self.plan, self.start_timeout)
         replies, problem = self.world.feed(rank, data, time.monotonic())
         for r, line in replies:
             self._group_of[r].pmi_send(r, line)
