@@ -16,6 +16,7 @@ import selectors
 import signal
 import sys
 import time
+from dataclasses import replace
 
 from trainrun import wire
 from trainrun.errors import TrainrunError
@@ -72,7 +73,7 @@ class Agent:
         for d in job["procs"]:
             spec = spec_from_dict(d)
             if spec.argv and spec.argv[0] == job.get("python"):  # .py programs run on the agent's interpreter
-                spec = spec.__class__(spec.assignment, (sys.executable, *spec.argv[1:]), spec.env, spec.cwd, spec.bind_to)
+                spec = replace(spec, argv=(sys.executable, *spec.argv[1:]))
             specs.append(spec)
         self.ranks = LocalRanks(specs, self, pmi=job.get("pmi", False))
         try:
