@@ -33,6 +33,8 @@ class Agent:
         self.ranks: LocalRanks | None = None
         self.sel = selectors.DefaultSelector()
         self.done = False
+        self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
+        self._last_heard = self._last_beat = time.monotonic()
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -58,6 +60,7 @@ class Agent:
         if not data:
             self.done = True  # launcher gone: the finally in run() kills everything
             return
+        self._last_heard = time.monotonic()
         for kind, rank, payload in self.reader.feed(data):
             if kind == wire.JOB:
                 self._start(json.loads(payload), watchdog)
@@ -69,6 +72,7 @@ class Agent:
                 self.ranks.pmi_send(rank, payload)
 
     def _start(self, job: dict, watchdog: Watchdog) -> None:
+        self.patience = job.get("patience", self.patience)
         specs = []
         for d in job["procs"]:
             spec = spec_from_dict(d)
@@ -93,8 +97,15 @@ class Agent:
             while not self.done:
                 for key, _ in self.sel.select(0.05):
                     key.data()
+                now = time.monotonic()
+                if now - self._last_beat >= wire.HEARTBEAT_EVERY:
+                    self._last_beat = now
+                    self.send(wire.frame(wire.BEAT))
+                if now - self._last_heard > self.patience:
+                    sys.stderr.write(f"trainrun agent: no word from the launcher for {now - self._last_heard:.0f}s; killing the ranks\n")
+                    break
                 if self.ranks is not None:
-                    self.ranks.tick(time.monotonic())
+                    self.ranks.tick(now)
                     if not self.ranks.running:
                         break
         finally:

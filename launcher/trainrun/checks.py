@@ -113,5 +113,6 @@ def report_json(r: CheckReport) -> str:
         "warnings": r.warnings,
         "hosts": [{"host": h.host, "ok": h.ok, "stage": h.stage, "error": h.error, "slots": h.slots, "facts": h.facts} for h in r.hosts],
         "nics": r.nics,
+        "nic_table": [dict(zip(("host", "nic", "addresses", "up", "speed", "verdict"), row)) for row in r.nic_rows],
         "ranks": [{"rank": a.rank, "host": a.host.name, "local_rank": a.local_rank, "cross_rank": a.cross_rank, "gpus": list(a.gpus)} for a in r.ranks],
     }, indent=2)

@@ -72,6 +72,8 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--ssh-strict", is_flag=True, help="Refuse hosts missing from known_hosts (default: trust on first use).")
 @click.option("--ssh-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0, show_default=True, help="Seconds to reach each host.")
 @click.option("--ssh-parallelism", type=Count(), default=64, show_default=True, help="Hosts contacted at once.")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=1), default=15.0, show_default=True,
+              help="Seconds of silence after which a remote host counts as lost (hung, paused or cut off).")
 @click.option("--python", "python", help="Interpreter for .py programs on remote hosts (default: the launcher's path if it exists there, else python3).")
 @click.option("--workdir", help="Working directory of the ranks (default: the launcher's).")
 @click.option("--network-interface", metavar="NIC[,NIC]", help="NICs for the job's traffic (checked); default: the probe's choice.")

@@ -37,6 +37,7 @@ class LaunchConfig:
     ssh_strict: bool = False
     ssh_timeout: float = 15.0
     ssh_parallelism: int = 64
+    heartbeat_timeout: float = 15.0
     python: str | None = None
     workdir: str | None = None
     network_interface: str | None = None

@@ -23,6 +23,7 @@ from trainrun.procs import LocalRanks
 from trainrun.watchdog import Watchdog
 
 TICK = 0.05
+KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class ProcessGroup:
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink, grace: float = 3.0, mpi: bool = True,
                  start_timeout: float = 120.0, agents: dict | None = None, python: str | None = None,
-                 forward_env: dict | None = None):
+                 forward_env: dict | None = None, heartbeat_timeout: float = 15.0):
         """`agents` maps each remote host name to its opened AgentRanks (remote.py); all other hosts
         of the plan must be this machine."""
         self.plan = plan
@@ -81,7 +82,7 @@ class ProcessGroup:
         self.grace = grace
         self.result = JobResult(exit_code=0)
         self._stop_deadline: float | None = None
-        self._killed = False
+        self._kill_deadline: float | None = None
         self._specs = {p.rank: p for p in plan.procs}
         self.start_timeout = start_timeout
         self.world = None  # the MpiWorld, made when the first rank speaks PMI (programs without MPI never pay)
@@ -89,7 +90,8 @@ class ProcessGroup:
         local_procs = [p for p in plan.procs if p.host not in agents]
         self.groups = [LocalRanks(local_procs, self, pmi=mpi)] if local_procs else []
         for host, agent in agents.items():
-            agent.bind(plan.by_host()[host], self, pmi=mpi, python=python, env=forward_env or {})
+            agent.bind(plan.by_host()[host], self, pmi=mpi, python=python, env=forward_env or {},
+                       heartbeat_timeout=heartbeat_timeout)
             self.groups.append(agent)
         self._group_of = {s.rank: g for g in self.groups for s in g.specs}
 
@@ -144,15 +146,17 @@ class ProcessGroup:
         for g in self.groups:
             g.signal(signal.SIGTERM)
 
-    def _kill(self) -> None:
-        self._killed = True
+    def _kill(self, wait: float = KILL_WAIT) -> None:
+        """SIGKILL everything; hosts that have not reported `wait` seconds later are given up on."""
+        deadline = time.monotonic() + wait
+        self._kill_deadline = min(deadline, self._kill_deadline or deadline)
         for g in self.groups:
             g.kill()
 
     def _on_signal(self, sig: int) -> None:
         if self.result.interrupted_by is not None and sig == signal.SIGINT:
             log.info("second interrupt: killing now")
-            self._kill()
+            self._kill(wait=1.0)
             return
         if self.result.interrupted_by is None:
             self.result.interrupted_by = sig
@@ -181,9 +185,12 @@ class ProcessGroup:
                     g.tick(now)
                 if self.world is not None and (problem := self.world.check_start(now)):
                     self.fail(problem.exit_code, f"MPI world incomplete: {problem.message}")
-                if self._stop_deadline is not None and not self._killed and now >= self._stop_deadline:
+                if self._stop_deadline is not None and self._kill_deadline is None and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()
+                if self._kill_deadline is not None and now >= self._kill_deadline:
+                    for g in self.groups:
+                        g.abandon()
         finally:
             self._kill()  # leftovers: children of ranks, ranks never reported
             for g in self.groups:

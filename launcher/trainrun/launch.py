@@ -86,7 +86,8 @@ def launch(cfg: LaunchConfig) -> int:
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         sink = OutputSink(cfg.prefix, cfg.output_dir)
         group = ProcessGroup(plan, sink, grace=cfg.grace, mpi=cfg.mpi != "none", start_timeout=cfg.start_timeout,
-                             agents=agents, python=cfg.python or sys.executable, forward_env=forwarded_env(os.environ))
+                             agents=agents, python=cfg.python or sys.executable, forward_env=forwarded_env(os.environ),
+                             heartbeat_timeout=cfg.heartbeat_timeout)
         result = group.run()
     finally:
         for agent in agents.values():

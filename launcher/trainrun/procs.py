@@ -188,6 +188,9 @@ class LocalRanks:
     def wait_closed(self) -> None:
         """Nothing to wait for: close() reaped every rank."""
 
+    def abandon(self) -> None:
+        """Local ranks always report after SIGKILL: nothing to give up on."""
+
 
 def _exec_error(spec: ProcessSpec, err: OSError) -> ProgramError:
     """A shell's verdict on a failed exec: missing program 127; a program that exists but cannot run

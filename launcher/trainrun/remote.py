@@ -5,7 +5,8 @@ on the host) or PipeLink (a local subprocess, for tests). AgentRanks has the sam
 host exactly like its own.
 
 States: opened (HELLO read: host facts known) -> started (JOB sent) -> done (every rank reported, or
-the channel ended: every unreported rank is then reported lost).
+the channel ended, or the agent was silent for `heartbeat_timeout` s, or the launcher gave up on it
+after SIGKILL: every unreported rank is then reported lost).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from trainrun.links import AgentLink, PipeLink, SSHLink
 from trainrun.plan import ProcessSpec, spec_to_dict
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
+AGENT_PATIENCE = 4  # x heartbeat_timeout: how long an agent waits for a silent launcher
 
 
 class AgentRanks:
@@ -33,23 +35,32 @@ class AgentRanks:
         self.specs: list[ProcessSpec] = []
         self._pending: set[int] = set()
         self._ended = False
+        self.heartbeat_timeout = 15.0
+        self._last_heard = self._last_beat = time.monotonic()
 
-    def bind(self, specs: list[ProcessSpec], events, *, pmi: bool, python: str, env: dict[str, str]) -> None:
+    def bind(self, specs: list[ProcessSpec], events, *, pmi: bool, python: str, env: dict[str, str],
+             heartbeat_timeout: float = 15.0) -> None:
         """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
-        variables) goes under each rank's own env; it travels in the channel, never on a command line."""
+        variables) goes under each rank's own env; it travels in the channel, never on a command line.
+        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (the launcher
+        may be blocked writing to a paused pager; ranks then block too, so waiting long costs little)."""
         self.specs, self.events = specs, events
+        self.heartbeat_timeout = heartbeat_timeout
         self._pending = {s.rank for s in specs}
         procs = [spec_to_dict(s) for s in specs]
         for p in procs:
             p["env"] = {**env, **p["env"]}
-        self._job = {"procs": procs, "pmi": pmi, "python": python}
+        self._job = {"procs": procs, "pmi": pmi, "python": python, "patience": AGENT_PATIENCE * heartbeat_timeout}
 
     def start(self, sel: selectors.BaseSelector, watchdog) -> None:
+        self._last_heard = time.monotonic()
         self.link.write(wire.json_frame(wire.JOB, self._job))
         sel.register(self.link.fileno(), selectors.EVENT_READ, lambda: self._on_readable(sel))
 
     def _on_readable(self, sel) -> None:
         out, err, ended = self.link.read()
+        if out or err:
+            self._last_heard = time.monotonic()
         if err:
             for line in err.decode(errors="replace").splitlines():
                 log.warning("agent on %s: %s", self.host, line)
@@ -58,11 +69,15 @@ class AgentRanks:
         if ended and not self._ended:
             self._ended = True
             sel.unregister(self.link.fileno())
-            if self._pending:
-                self.events.on_host_lost(self.host, f"lost the agent on {self.host} (connection dropped or agent killed)")
-                for rank in sorted(self._pending):
-                    self.events.on_exit(rank, LOST)
-                self._pending.clear()
+            self._lose(f"lost the agent on {self.host} (connection dropped or agent killed)")
+
+    def _lose(self, message: str) -> None:
+        """Report every rank not yet reported as lost (the host is gone for this job)."""
+        if self._pending:
+            self.events.on_host_lost(self.host, message)
+            for rank in sorted(self._pending):
+                self.events.on_exit(rank, LOST)
+            self._pending.clear()
 
     def _dispatch(self, kind: bytes, rank: int, payload: bytes) -> None:
         if kind in wire.KIND_STREAM:
@@ -83,7 +98,20 @@ class AgentRanks:
         return len(self._pending)
 
     def tick(self, now: float) -> None:
-        pass
+        """Heartbeats: send ours; a host silent for heartbeat_timeout is lost (hung, paused, cut off)."""
+        if not self._pending:
+            return
+        if now - self._last_beat >= wire.HEARTBEAT_EVERY:
+            self._last_beat = now
+            self.link.write(wire.frame(wire.BEAT))
+        silent = now - self._last_heard
+        if silent > self.heartbeat_timeout:
+            self._lose(f"no word from the agent on {self.host} for {silent:.0f}s (host hung or unreachable; "
+                       "--heartbeat-timeout)")
+
+    def abandon(self) -> None:
+        """Stop waiting for this host (after SIGKILL went unanswered)."""
+        self._lose(f"no answer from the agent on {self.host} after SIGKILL")
 
     def signal(self, sig: int) -> None:
         self.link.write(wire.frame(wire.SIGNAL, -1, str(int(sig)).encode()))
@@ -107,8 +135,10 @@ class AgentRanks:
         self.link.shutdown()
 
     def wait_closed(self) -> None:
-        """Wait until the agent has ended; called after close() on every group, so agents end in parallel."""
-        self.link.wait(5.0)
+        """Wait until the agent has ended; called after close() on every group, so agents end in parallel.
+        A host that stopped answering is not waited for."""
+        if time.monotonic() - self._last_heard < self.heartbeat_timeout:
+            self.link.wait(5.0)
 
 
 def read_hello(link: AgentLink, timeout: float) -> AgentRanks:

@@ -4,6 +4,7 @@ A frame is: kind (1 byte) | rank (int32, -1 when not about a rank) | length (uin
 
 launcher -> agent:  JOB  (json: the host's ProcessSpecs)   SIGNAL (payload: signal number)
                     KILL                                  PMI    (rank: bytes for that rank's PMI socket)
+both ways:          BEAT (every HEARTBEAT_EVERY s: "I am here"; silence is how a hung or cut-off peer shows)
 agent -> launcher:  HELLO (json: host facts, sent at start)  STARTED (json: pids)
                     STDOUT / STDERR (rank: output bytes; empty = end of stream)
                     EXIT  (rank: returncode)              PMI    (rank: bytes the rank sent)
@@ -16,7 +17,8 @@ import struct
 
 HEADER = struct.Struct(">ciI")
 
-JOB, SIGNAL, KILL, PMI = b"J", b"S", b"K", b"P"
+JOB, SIGNAL, KILL, PMI, BEAT = b"J", b"S", b"K", b"P", b"B"
+HEARTBEAT_EVERY = 2.0
 HELLO, STARTED, STDOUT, STDERR, EXIT, FATAL = b"H", b"R", b"O", b"E", b"X", b"F"
 STREAM_KIND = {1: STDOUT, 2: STDERR}
 KIND_STREAM = {STDOUT: 1, STDERR: 2}

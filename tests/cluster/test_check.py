@@ -24,6 +24,8 @@ def test_check_passes_and_finds_the_routable_nics(cluster, tmp_path):
     assert "not routable" in rows[("h2", "eth2")]
     doc = json.loads(check(cluster, "--hostfile", str(cluster.hostfile), "--json", cwd=tmp_path).stdout)
     assert doc["ok"] and doc["nics"] == ["eth0", "eth1"]
+    verdicts = {(row["host"], row["nic"]): row["verdict"] for row in doc["nic_table"]}
+    assert verdicts[("h2", "eth1")] == "routable" and verdicts[("h2", "eth2")] == "not routable to all hosts"
     assert [h["facts"]["hostname"] for h in doc["hosts"]] == ["h1", "h2", "h3"]
     assert all(h["facts"]["vendor"] == "MPICH" and h["facts"]["cpus"] >= 1 for h in doc["hosts"])
     assert len(doc["ranks"]) == 6

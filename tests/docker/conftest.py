@@ -29,6 +29,15 @@ def _reap(pid: int | None) -> None:
         pass
 
 
+def _alive(pid: int) -> bool:
+    """Runs (a zombie that some init has not reaped yet does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 @pytest.fixture(scope="session")
 def cc():
     return cluster_ctl
@@ -49,9 +58,37 @@ def engine():
     if problem:
         pytest.skip(problem)
     yield {"started_dockerd": started}
+    # every cluster of this session (test_cluster*.py name theirs pytest[-what]-<pid>) is gone
+    mine = [n for n in (f"pytest-{os.getpid()}", f"pytest-kill-{os.getpid()}", f"pytest-torch-{os.getpid()}")
+            if any(cluster_ctl.leftovers(cluster_ctl.project_name(n)).values())]
+    for n in mine:
+        cluster_ctl.down(n, Path("/nonexistent"))  # sweep by label, so the engine can stop cleanly
     if started:
         pidf = STATE / "dockerd.pid"
         pid = int(pidf.read_text()) if pidf.exists() else None
         subprocess.run(["bash", str(SETUP), "--stop"], check=True, timeout=60)
         _reap(pid)
         assert cluster_ctl.engine_problem() is not None, "dockerd started by the tests still answers"
+        assert pid is None or not _alive(pid), f"dockerd (docker-init pid {pid}) still runs"
+        assert not pidf.exists()
+        other_dockerd = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True).returncode == 0
+        assert other_dockerd or not Path("/sys/class/net/docker0").exists(), "docker0 left behind"
+    assert not mine, f"clusters left behind by the tests (removed now): {mine}"
+
+
+@pytest.fixture(scope="session")
+def trainrun_env(tmp_path_factory):
+    """Environment for launchers run by these tests: the NIC-choice cache in a temp dir, not ~/.cache."""
+    return dict(os.environ, TRAINRUN_CACHE_DIR=str(tmp_path_factory.mktemp("trainrun-cache")))
+
+
+def trainrun_argv(info, *args: str) -> list[str]:
+    """`trainrun` from the host against cluster `info` (written hostfile + ssh_config, strict host keys).
+    --python/--workdir: the launcher's interpreter path (host venv) and cwd do not exist in the nodes."""
+    return [sys.executable, "-m", "trainrun", "--hostfile", info.hostfile, "--ssh-config", info.ssh_config,
+            "--ssh-strict", "--python", "python3", "--workdir", "/tmp", *args]
+
+
+@pytest.fixture(scope="session")
+def trainrun_cmd():
+    return trainrun_argv

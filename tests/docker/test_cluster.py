@@ -1,10 +1,12 @@
 """End to end: `scripts/cluster up 3` (image build cached between runs), sshd with host-key checking on,
-an MPI allreduce over 6 ranks on 3 containers (mpiexec from node1; trainrun from the host and from node1),
-then `down` leaves nothing behind."""
+`trainrun --check` from the host (both networks' NICs routable, text and JSON), an MPI allreduce over 6 ranks
+on 3 containers (mpiexec from node1; trainrun from the host and from node1), then `down` leaves nothing
+behind. One cluster for the module; the destructive kill test has its own (test_cluster_kill.py)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,7 +27,8 @@ c = MPI.COMM_WORLD
 a = np.full(1 << 18, c.rank + 1.0, dtype=np.float32)
 b = np.empty_like(a)
 c.Allreduce(a, b)
-print("RESULT", c.rank, c.size, socket.gethostname(), float(b.min()), float(b.max()), flush=True)
+local = c.Split_type(MPI.COMM_TYPE_SHARED)
+print("RESULT", c.rank, c.size, socket.gethostname(), float(b.min()), float(b.max()), local.size, flush=True)
 """
 
 
@@ -94,6 +97,82 @@ def test_two_nics_per_node(cluster):
         assert len(addrs.strip().splitlines()) == 2
 
 
+def _nic_names(cluster) -> dict[str, dict[str, str]]:
+    """{node: {"mgmt": ifname, "data": ifname}} as each node names them: the engine picks eth0/eth1 (with
+    Engine 20.10 `data` is eth0), so the tests never assume an order."""
+    out = {}
+    for nd in cluster.nodes:
+        by_ip = {}
+        for ln in ssh(cluster, nd.name, "ip -o -4 addr show scope global").stdout.splitlines():
+            f = ln.split()
+            by_ip[f[3].split("/")[0]] = f[1]
+        out[nd.name] = {"mgmt": by_ip[nd.mgmt_ip], "data": by_ip[nd.data_ip]}
+    return out
+
+
+def _both_nics(cluster) -> tuple[dict, set[str]]:
+    names = _nic_names(cluster)
+    both = {frozenset(v.values()) for v in names.values()}
+    assert len(both) == 1 and len(next(iter(both))) == 2, f"NIC names differ between nodes: {names}"
+    return names, set(next(iter(both)))
+
+
+def test_check_finds_both_networks(cluster, trainrun_env):
+    """`trainrun --check --hostfile H --ssh-config C` exactly as a user types it (no --python: the probe falls
+    back to the nodes' python3): exit 0, every host reached, both networks' NICs routable on every node."""
+    names, both = _both_nics(cluster)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "trainrun", "--check", "--hostfile", cluster.hostfile,
+                        "--ssh-config", cluster.ssh_config], capture_output=True, text=True, timeout=120,
+                       cwd="/tmp", env=trainrun_env)
+    print(f"\ntrainrun --check on {N} nodes: {time.monotonic() - t0:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    assert f"verdict: OK, {N * SLOTS} rank(s) on {N} host(s) can run" in out, out
+    assert "problem:" not in out and "warning:" not in out, out
+    lines = out.splitlines()
+    hosts = lines[lines.index("Hosts") + 2:lines.index("Hosts") + 2 + N]
+    assert [ln.split()[:3] for ln in hosts] == [[nd.name, "ok", nd.name] for nd in cluster.nodes], out
+    start = lines.index("Network interfaces") + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.startswith("  ") or ln.strip().startswith("routable between"):
+            break
+        host, nic, addrs, up, _speed, verdict = _cols(ln)
+        rows[host, nic] = (addrs.split(","), up, verdict)
+    for nd in cluster.nodes:
+        for net, ip in (("mgmt", nd.mgmt_ip), ("data", nd.data_ip)):
+            addrs, up, verdict = rows[nd.name, names[nd.name][net]]
+            ok = [a.split("/")[0] for a in addrs] == [ip] and up == "up" and verdict == "routable"
+            assert ok, (nd.name, net, out)
+    routable = next(ln for ln in lines if ln.strip().startswith("routable between all hosts:"))
+    assert set(routable.split(":", 1)[1].replace(",", " ").split()) == both, out
+
+
+def _cols(line: str) -> list[str]:
+    """A row of --check's tables: columns are separated by two or more spaces ("10000 Mb/s" is one)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
+def test_check_json(cluster, trainrun_cmd, trainrun_env):
+    """The same check, --json, strict host keys: ok, both NICs chosen, each NIC's address on its network."""
+    names, both = _both_nics(cluster)
+    r = subprocess.run(trainrun_cmd(cluster, "--check", "--json"), capture_output=True, text=True, timeout=120,
+                       cwd="/tmp", env=trainrun_env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads(r.stdout)
+    assert d["ok"] is True and d["problems"] == [] and d["warnings"] == [], d
+    assert set(d["nics"]) == both
+    assert [h["host"] for h in d["hosts"]] == [nd.name for nd in cluster.nodes]
+    for h, nd in zip(d["hosts"], cluster.nodes):
+        assert h["ok"] and h["stage"] is None and h["facts"]["hostname"] == nd.name, h
+        assert h["facts"]["vendor"] == "MPICH" and h["facts"]["python"] == "/opt/venv/bin/python3", h["facts"]
+        nics = {n["name"]: [a.split("/")[0] for a in n["addresses"]] for n in h["facts"]["nics"]}
+        assert nics[names[nd.name]["mgmt"]] == [nd.mgmt_ip] and nics[names[nd.name]["data"]] == [nd.data_ip], nics
+    assert [(x["rank"], x["host"], x["local_rank"], x["cross_rank"]) for x in d["ranks"]] == [
+        (i, f"node{i // SLOTS + 1}", i % SLOTS, i // SLOTS) for i in range(N * SLOTS)]
+
+
 def test_mpi_allreduce_6_ranks_on_3_containers(cluster):
     # Hydra's mpiexec from node1 (ssh with the in-cluster config: job key, collected host keys): the
     # reference the trainrun tests below are measured against.
@@ -106,6 +185,7 @@ def test_mpi_allreduce_6_ranks_on_3_containers(cluster):
     assert sorted(int(x[1]) for x in rows) == list(range(N * SLOTS))
     expected = float(sum(range(1, N * SLOTS + 1)))
     assert all(int(x[2]) == N * SLOTS and float(x[4]) == float(x[5]) == expected for x in rows), rows
+    assert all(int(x[6]) == SLOTS for x in rows), rows
     per_host = {}
     for x in rows:
         per_host[x[3]] = per_host.get(x[3], 0) + 1
@@ -115,17 +195,19 @@ def test_mpi_allreduce_6_ranks_on_3_containers(cluster):
 def _check_trainrun_output(out: str) -> None:
     rows = [ln.split("RESULT", 1)[1].split() for ln in out.splitlines() if "RESULT" in ln]
     assert sorted(int(x[0]) for x in rows) == list(range(N * SLOTS)), out
-    assert all(int(x[1]) == N * SLOTS and float(x[3]) == float(x[4]) == 21.0 for x in rows), out
+    expected = float(sum(range(1, N * SLOTS + 1)))
+    assert all(int(x[1]) == N * SLOTS and float(x[3]) == float(x[4]) == expected for x in rows), out
+    assert all(int(x[5]) == SLOTS for x in rows), out  # Split_type(COMM_TYPE_SHARED): the ranks of one node
     assert sorted(x[2] for x in rows) == sorted([nd for nd in (f"node{i}" for i in range(1, N + 1))] * SLOTS)
 
 
-def test_trainrun_from_the_host(cluster):
-    """trainrun on the host, ranks in the containers, through the written hostfile + ssh_config (strict).
-    --python: the launcher's own interpreter path (the host venv) does not exist in the nodes."""
-    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", str(N * SLOTS), "--hostfile", cluster.hostfile,
-                        "--ssh-config", cluster.ssh_config, "--ssh-strict", "--python", "python3",
-                        "--workdir", "/tmp", "python3", "-c", ALLREDUCE],
-                       capture_output=True, text=True, timeout=180, cwd="/tmp")
+def test_trainrun_from_the_host(cluster, trainrun_cmd, trainrun_env):
+    """trainrun on the host (not mpiexec), ranks in the containers, one MPI world through trainrun's PMI:
+    world size 6, exact sums, 2 ranks per node in the shared-memory split."""
+    t0 = time.monotonic()
+    r = subprocess.run(trainrun_cmd(cluster, "-np", str(N * SLOTS), "python3", "-c", ALLREDUCE),
+                       capture_output=True, text=True, timeout=180, cwd="/tmp", env=trainrun_env)
+    print(f"\ntrainrun -np 6 allreduce from the host: {time.monotonic() - t0:.1f} s")
     assert r.returncode == 0, r.stdout + r.stderr
     _check_trainrun_output(r.stdout)
 

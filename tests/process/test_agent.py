@@ -1,4 +1,5 @@
 """The agent protocol end to end, with the agent in a local subprocess (PipeLink) instead of SSH."""
+import json
 import os
 import sys
 import time
@@ -65,3 +66,37 @@ def test_remote_failure_stops_everything(tmp_path):
         pid = int((tmp_path / f"t{r}").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_silent_agent_is_lost_after_the_heartbeat_timeout(tmp_path):
+    """A hung host (here: the agent SIGSTOPped) must not hang the job: lost after the timeout, exit 255."""
+    import signal
+    import threading
+
+    a = assign_ranks([HostSpec("localhost", 1), HostSpec("far", 1)], 2)
+    plan = build_plan(a, JobInfo("t", "127.0.0.1", 29555), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
+    agent = local_agent("far")
+    threading.Timer(1.0, os.kill, (agent.link.proc.pid, signal.SIGSTOP)).start()
+    t0 = time.monotonic()
+    try:
+        result = ProcessGroup(plan, OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb")),
+                              agents={"far": agent}, python=sys.executable, grace=1, heartbeat_timeout=3).run()
+    finally:
+        os.kill(agent.link.proc.pid, signal.SIGCONT)
+    assert result.exit_code == 255 and time.monotonic() - t0 < 20
+    assert "no word from the agent on far" in result.summary(2)
+
+
+def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
+    """Launcher cut off (no frames): the agent kills its ranks and exits after its patience."""
+    from trainrun.plan import spec_to_dict
+
+    a = assign_ranks([HostSpec("far", 1)], 1)
+    plan = build_plan(a, JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
+    agent = local_agent("far")
+    agent.link.write(wire.json_frame(wire.JOB, {"procs": [spec_to_dict(plan.procs[0])], "pmi": False, "python": "", "patience": 1.5}))
+    assert agent.link.proc.wait(15) == 0  # no more frames from us: it ends by itself
+    started = [json.loads(p) for k, _, p in agent.reader.feed(agent.link.proc.stdout.read()) if k == wire.STARTED]
+    pid = started[0]["0"]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
