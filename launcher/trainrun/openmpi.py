@@ -95,6 +95,10 @@ class RetaggingSink:
             elif line:
                 self.sink.write_raw(stream, line + b"\n")  # mpirun's own messages, untagged
 
+    @property
+    def broken(self) -> bool:
+        return self.sink.broken
+
     def stderr_tail(self, _rank: int) -> list[str]:
         return []
 

@@ -130,7 +130,7 @@ def test_mpi_world_across_hosts_uses_the_data_network(cluster, tmp_path):
             "c.Split_type(MPI.COMM_TYPE_SHARED).size)")
     before = eth1_bytes()
     r = trainrun(cluster, "-np", "6", "--hostfile", str(cluster.hostfile), "-x", "UCX_TLS=tcp,self",
-                 "-x", "UCX_NET_DEVICES=eth1", "python", "-c", code, cwd=tmp_path)
+                 "-x", "UCX_NET_DEVICES=eth1", sys.executable, "-c", code, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert set(by_rank(r.stdout).values()) == {"6 21.0 21.0 2"}
     moved = [a - b for a, b in zip(eth1_bytes(), before)]
