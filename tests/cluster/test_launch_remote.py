@@ -135,3 +135,15 @@ def test_mpi_world_across_hosts_uses_the_data_network(cluster, tmp_path):
     assert set(by_rank(r.stdout).values()) == {"6 21.0 21.0 2"}
     moved = [a - b for a, b in zip(eth1_bytes(), before)]
     assert all(m > 4 << 20 for m in moved), moved  # most of the 16 MiB buffers crossed eth1 of every host
+
+
+def test_this_machine_and_a_remote_host_in_one_job(cluster, tmp_path):
+    """The launcher plays the agent for its own host: one MPI world across it and h1; MASTER_ADDR is this
+    machine's address on the route to h1, which h1 can reach."""
+    code = ("from mpi4py import MPI; import os, socket; c = MPI.COMM_WORLD; "
+            "print(c.size, c.rank, c.allreduce(c.rank + 1), os.environ['NODE_RANK'], os.environ['MASTER_ADDR'], socket.gethostname())")
+    r = trainrun(cluster, "-H", "localhost:1,h1:1", sys.executable, "-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    ranks = by_rank(r.stdout)
+    assert ranks[0].split()[:5] == ["2", "0", "3", "0", "10.241.0.1"]
+    assert ranks[1].split() == ["2", "1", "3", "1", "10.241.0.1", "h1"]
