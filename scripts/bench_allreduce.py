@@ -1,18 +1,22 @@
 """Allreduce benchmark: trainrun vs raw mpi4py vs torch.distributed (gloo), side by side, 2 ranks.
 
-    mpiexec -n 2 python scripts/bench_allreduce.py [--out bench-out/bench_allreduce.md] [--quick]
-    (or: trainrun -np 2 python scripts/bench_allreduce.py)
+    trainrun -np 2 python scripts/bench_allreduce.py [--out docs/benchmarks/allreduce.md] [--quick]
+    (or: mpiexec -n 2 python scripts/bench_allreduce.py)
 
-Measures (medians of per-iteration times on rank 0, float32; contenders alternate in blocks):
+Measures (medians of per-iteration times on rank 0, float32; every iteration runs trainrun and raw MPI
+once each, right after a barrier, so load bursts on a shared machine hit both alike; gloo runs in its
+own block, as a gloo call leaves its threads busy and slows whatever runs next):
   1. one in-place allreduce of 4 KiB .. 64 MiB (trainrun allreduce_, MPI IN_PLACE, gloo all_reduce);
   2. 160 x 4 KiB: trainrun grouped_allreduce and 160 async ops, against raw MPI one call per tensor
      and raw MPI on one pre-fused buffer;
   3. a training step of a model with 100 parameter tensors: DistributedOptimizer vs torch DDP (gloo).
-Writes one markdown table to stdout and to --out.
+Writes a markdown report (date, machine, load, the table, the issue's targets met or not) to stdout
+and to --out.
 """
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -25,22 +29,22 @@ import trainrun.runtime as rt
 import trainrun.torch as hvd
 
 COMM = MPI.COMM_WORLD
+TARGETS = []  # (target, measured, met) rows for the report: the issue's speed targets
 
 
-def medians_us(fns, iters, warmup=3, rounds=3):
-    """Median time of each of `fns` over `iters` calls, each started right after a barrier. The calls
-    run in blocks, contender after contender, `rounds` times over, so a load burst on this shared
-    machine spreads over all of them while each block keeps its own caches warm."""
+def medians_us(fns, iters, warmup=3):
+    """Median time of each of `fns` over `iters` calls. Every iteration runs each contender once,
+    each call right after a barrier, so a load burst on this shared machine hits all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
     times = [[] for _ in fns]
-    for _ in range(rounds):
+    for _ in range(iters):
         for fn, ts in zip(fns, times):
-            for _ in range(warmup):
-                fn()
-            for _ in range(max(1, iters // rounds)):
-                COMM.Barrier()
-                t = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t)
+            COMM.Barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
     return [statistics.median(ts) * 1e6 for ts in times]
 
 
@@ -70,10 +74,14 @@ def single_sizes(quick):
         it = iters_for(nbytes, quick)
         # all three in place on a preallocated buffer (as gradients are reduced); trainrun's
         # out-of-place allreduce adds the first-touch cost of a fresh output on large tensors
-        ours, raw, gloo = medians_us([lambda: rt.allreduce_(x, name="bench", op=rt.Sum),
-                                      lambda: COMM.Allreduce(MPI.IN_PLACE, x),
-                                      lambda: dist.all_reduce(t)], it)
+        ours, raw = medians_us([lambda: rt.allreduce_(x, name="bench", op=rt.Sum),
+                                lambda: COMM.Allreduce(MPI.IN_PLACE, x)], it)
+        (gloo,) = medians_us([lambda: dist.all_reduce(t)], it)
         gbs = lambda us: f"{nbytes / us / 1e3:.2f}"  # noqa: E731  (GB/s of the tensor size)
+        if nbytes == 4 << 10:
+            TARGETS.append(("lone 4 KiB allreduce within 3x raw MPI latency", f"{ours / raw:.1f}x", ours <= 3 * raw))
+        if nbytes >= 1 << 20:
+            TARGETS.append((f">= 0.9x raw MPI bandwidth at {fmt_size(nbytes)}", f"{raw / ours:.2f}x", raw / ours >= 0.9))
         rows.append((f"allreduce {fmt_size(nbytes)}", fmt_us(ours), fmt_us(raw), fmt_us(gloo),
                      f"{ours / raw:.1f}x", f"{ours / gloo:.2f}x", f"{gbs(ours)} / {gbs(raw)} / {gbs(gloo)}"))
     return rows
@@ -105,7 +113,11 @@ def many_small(quick):
     rows = [("160 x 4 KiB grouped_allreduce", fmt_us(grouped), fmt_us(raw_fused) + " (one fused call)", fmt_us(gloo),
              f"{grouped / raw_fused:.1f}x", f"{grouped / gloo:.3f}x", ""),
             ("160 x 4 KiB, 160 async + synchronize", fmt_us(asy), fmt_us(raw) + " (160 calls)", fmt_us(gloo),
-             f"{asy / raw:.1f}x", f"{asy / gloo:.3f}x", "")]
+             f"{asy / raw:.1f}x ({asy / raw_fused:.1f}x one fused call)", f"{asy / gloo:.3f}x", "")]
+    TARGETS.append(("160 x 4 KiB grouped_allreduce within 2x one fused raw MPI call", f"{grouped / raw_fused:.1f}x",
+                    grouped <= 2 * raw_fused))
+    TARGETS.append(("160 x 4 KiB as 160 async ops within 2x one fused raw MPI call", f"{asy / raw_fused:.1f}x",
+                    asy <= 2 * raw_fused))
     return rows
 
 
@@ -153,30 +165,49 @@ def training_step(quick):
         nn.functional.mse_loss(local(x), y).backward()
         local_opt.step()
 
-    a, b, c = medians_us([ours, theirs, compute_only], it)
+    a, c = medians_us([ours, compute_only], it)
+    (b,) = medians_us([theirs], it)
     return [(f"train step, {len(list(model.parameters()))} param tensors (DistributedOptimizer vs DDP)",
              fmt_us(a), f"{fmt_us(c)} (no communication)", fmt_us(b), "", f"{a / b:.2f}x", "")]
 
 
+def report(rows, quick, load_start) -> str:
+    import bench_common  # scripts/ (this script's folder): machine lines shared by the benchmarks
+
+    launcher = "trainrun" if "TRAINRUN_RANK" in os.environ else "mpiexec"
+    lines = ["# Allreduce: trainrun vs raw mpi4py vs torch gloo", ""] + bench_common.machine_lines()
+    load_end = os.getloadavg()[0]
+    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    lines += [f"- torch {torch.__version__}; MPI library: {mpi}",
+              f"- load average (1 min) at start / end: {load_start:.1f} / {load_end:.1f} (a shared box inflates every row)",
+              f"- method: {COMM.size} ranks started by {launcher}, float32, loopback; medians on rank 0; every iteration "
+              "runs trainrun and raw MPI once each, right after a barrier; gloo in its own block (`scripts/bench_allreduce.py"
+              + (" --quick" if quick else "") + "`); allreduces in place, op Sum", ""]
+    head = ("| what | trainrun | raw mpi4py | torch gloo | trainrun / raw | trainrun / gloo | GB/s (trainrun / raw / gloo) |\n"
+            "|---|---:|---:|---:|---:|---:|---:|\n")
+    table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    targets = ("\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---:|---|\n"
+               + "".join(f"| {t} | {m} | {'yes' if ok else 'no'} |\n" for t, m, ok in TARGETS))
+    return "\n".join(lines) + "\n" + table + targets
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench-out/bench_allreduce.md", help="markdown file to write (rank 0)")
+    parser.add_argument("--out", default="docs/benchmarks/allreduce.md", help="markdown file to write (rank 0)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     torch.set_num_threads(1)
     rt.init()
     init_gloo()
     rows = single_sizes(args.quick) + many_small(args.quick) + training_step(args.quick)
     if COMM.rank == 0:
-        head = ("| what | trainrun | raw mpi4py | torch gloo | trainrun / raw | trainrun / gloo | GB/s (trainrun / raw / gloo) |\n"
-                "|---|---|---|---|---|---|---|\n")
-        table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
-        note = (f"\n{COMM.size} ranks, float32, medians on rank 0; MPI: {MPI.Get_library_version().splitlines()[0]}; "
-                f"torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        print(table + note)
+        text = report(rows, args.quick, load_start)
+        print(text)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            f.write(table + note)
+            f.write(text)
+        print(f"written to {args.out}", file=sys.stderr)
     dist.destroy_process_group()
     rt.shutdown()
 

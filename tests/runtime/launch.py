@@ -1,5 +1,6 @@
-"""The one place that starts ranks for the runtime tests: `mpiexec -n N` from the venv, or the
-trainrun launcher (`python -m trainrun -np N`) when TRAINRUN_TEST_LAUNCHER=trainrun.
+"""The one place that starts ranks for the runtime tests: the trainrun launcher (`python -m trainrun
+-np N`, the acceptance setting), or `mpiexec -n N` from the venv when TRAINRUN_TEST_LAUNCHER=mpiexec.
+Output of ranks started by trainrun may carry a "[rank]" prefix per line: match lines with `in`.
 
 `run_cases(worker, np)` runs tests/runtime/workers/<worker>.py on `np` ranks once; the worker runs its
 cases (see workers/harness.py) and every rank writes {case: error-or-None} as JSON; the result maps
@@ -17,17 +18,43 @@ WORKERS = Path(__file__).parent / "workers"
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 
 
-def launch_argv(np: int, argv: list[str]) -> list[str]:
-    """The command line that starts `argv` as `np` ranks of one MPI world."""
-    if os.environ.get("TRAINRUN_TEST_LAUNCHER") == "trainrun":
+LAUNCHERS = ("trainrun", "mpiexec")
+
+
+def launcher() -> str:
+    """The launcher the tests use: TRAINRUN_TEST_LAUNCHER, default trainrun."""
+    name = os.environ.get("TRAINRUN_TEST_LAUNCHER", "trainrun")
+    if name not in LAUNCHERS:
+        raise ValueError(f"TRAINRUN_TEST_LAUNCHER={name!r}: use one of {LAUNCHERS}")
+    return name
+
+
+def launch_argv(np: int, argv: list[str], using: str | None = None) -> list[str]:
+    """The command line that starts `argv` as `np` ranks of one MPI world (`using`: a launcher name,
+    default launcher())."""
+    if (using or launcher()) == "trainrun":
         return [sys.executable, "-m", "trainrun", "-np", str(np), *argv]
     return [str(MPIEXEC), "-n", str(np), *argv]
 
 
-def run_ranks(script: Path, np: int, args=(), env=None, timeout=120) -> subprocess.CompletedProcess:
+def run_ranks(script: Path, np: int, args=(), env=None, timeout=120, using: str | None = None
+              ) -> subprocess.CompletedProcess:
+    """Run to completion. On timeout the launcher gets SIGTERM first (it then ends its ranks and removes
+    the job's /dev/shm segments), SIGKILL only if it does not exit; raises subprocess.TimeoutExpired."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run(launch_argv(np, [sys.executable, str(script), *args]), env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    argv = launch_argv(np, [sys.executable, str(script), *args], using)
+    with subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def run_cases(worker: str, np: int, out_dir: Path, env=None, timeout=120) -> dict[str, list]:

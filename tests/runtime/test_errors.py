@@ -1,6 +1,5 @@
 """Mismatches fail on every rank naming the tensor and the difference; stalls name the missing rank."""
 import json
-import os
 import subprocess
 import sys
 
@@ -8,7 +7,8 @@ import pytest
 
 from tests.runtime.launch import WORKERS, check, run_cases, run_ranks
 
-CASES = ["shape_mismatch", "dtype_op_root_kind_mismatch", "still_works_after_errors",
+CASES = ["shape_mismatch", "dtype_op_root_kind_mismatch", "mismatch_after_the_signature_was_cached",
+         "still_works_after_errors",
          "stall_names_missing_rank_and_tensor", "duplicate_name_in_flight"]
 
 
@@ -42,14 +42,24 @@ def test_timeline_has_every_rank(tmp_path):
     assert {(0, "NEGOTIATE"), (1, "NEGOTIATE"), (0, "ALLREDUCE"), (1, "ALLREDUCE")} <= spans
 
 
-@pytest.mark.skipif(os.environ.get("TRAINRUN_TEST_LAUNCHER") == "trainrun",
-                    reason="the launcher sets TRAINRUN_* itself")
 def test_env_contract_disagreement_is_an_error(tmp_path):
+    """A TRAINRUN_* contract that disagrees with the MPI world (set by hand, under mpiexec, since the
+    trainrun launcher sets a right one) stops init naming each wrong variable."""
     script = tmp_path / "env.py"
     script.write_text("import trainrun.runtime as hvd; hvd.init()")
-    proc = run_ranks(script, 2, env={"TRAINRUN_SIZE": "3", "TRAINRUN_LOCAL_RANK": "5"}, timeout=60)
+    contract = {"TRAINRUN_RANK": "0", "TRAINRUN_SIZE": "3", "TRAINRUN_LOCAL_RANK": "5", "TRAINRUN_LOCAL_SIZE": "2",
+                "TRAINRUN_CROSS_RANK": "0", "TRAINRUN_CROSS_SIZE": "1"}
+    proc = run_ranks(script, 2, env=contract, timeout=60, using="mpiexec")
     assert proc.returncode != 0
     assert "TRAINRUN_SIZE=3 but MPI says 2" in proc.stderr and "TRAINRUN_LOCAL_RANK=5" in proc.stderr
+    assert "TRAINRUN_CROSS_SIZE" not in proc.stderr  # only the wrong ones are named
+
+
+def test_incomplete_env_contract_is_an_error(tmp_path):
+    script = tmp_path / "env.py"
+    script.write_text("import trainrun.runtime as hvd; hvd.init()")
+    proc = run_ranks(script, 2, env={"TRAINRUN_RANK": "0"}, timeout=60, using="mpiexec")
+    assert proc.returncode != 0 and "environment contract is incomplete" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_crashing_rank_fails_the_others_fast(tmp_path):

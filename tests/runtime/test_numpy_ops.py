@@ -4,7 +4,9 @@ import pytest
 from tests.runtime.launch import check, run_cases
 
 CASES = ["topology", "allreduce_every_op_dtype_shape", "allreduce_scaling", "allreduce_in_place_and_non_contiguous",
-         "async_handles", "fusion_of_hundreds_in_different_orders", "grouped_allreduce", "allgather_ragged",
+         "async_handles", "fusion_of_hundreds_in_different_orders", "grouped_allreduce",
+         "grouped_allreduce_shapes_dtypes_scales", "grouped_allreduce_while_a_rank_has_joined",
+         "cached_signatures_in_different_orders", "allgather_ragged",
          "broadcast_from_every_root", "alltoall_with_and_without_splits", "reducescatter_uneven",
          "objects_barrier", "join_contributes_zeros", "concurrent_threads", "argument_errors"]
 

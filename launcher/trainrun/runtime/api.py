@@ -7,14 +7,19 @@ int handles for `poll`/`synchronize`; trailing-underscore variants work in place
 from __future__ import annotations
 
 import pickle
+from operator import attrgetter
 
 import numpy as np
 
 from trainrun.runtime import requests as rq
 from trainrun.runtime import state
 from trainrun.runtime.collectives import split_rows
-from trainrun.runtime.fusion import dtype_name
+from trainrun.runtime.fusion import OutputPool, dtype_name
 from trainrun.runtime.ops import Average
+
+
+_outputs = OutputPool()
+_DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
 
 def submit(op) -> int:
@@ -28,9 +33,7 @@ def submit(op) -> int:
 def run(op):
     """Run `op` = (Requests, finalize) to completion in the calling thread (no hand-off to the engine's)."""
     reqs, finalize = op
-    eng = state.engine()
-    eng.submit(reqs, caller_waits=True)
-    return finalize(eng.wait_all([r.handle for r in reqs]))
+    return finalize(state.engine().run(reqs))
 
 
 def _contiguous(tensor) -> np.ndarray:
@@ -66,11 +69,15 @@ def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fact
 
 
 def _allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
-    buf, done = _in_place(tensor)
+    if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous and tensor.flags.writeable:
+        buf, finalize = tensor, (lambda _: tensor)  # the usual case: no copy, nothing to write back
+    else:
+        buf, done = _in_place(tensor)
+        finalize = lambda _: done()  # noqa: E731
     flat = buf.reshape(-1)
     req = rq.allreduce(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("allreduce", name),
                        op, prescale_factor, postscale_factor)
-    return [req], (lambda _: done())
+    return [req], finalize
 
 
 def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> np.ndarray:
@@ -79,14 +86,34 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
 
 
 def _grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
-    """One handle for a list; the tensors are announced together so they fuse into one reduction."""
+    """One handle for a list, negotiated as one entry and reduced in one call. With one dtype the
+    outputs are views of one fused buffer, so nothing is unpacked after the reduction (the per-tensor
+    Python work is kept to a minimum: it dominates for many small tensors)."""
     base = rq.auto_name("grouped_allreduce", name)
-    arrays = [_contiguous(t) for t in tensors]
-    outs = [np.empty_like(a) for a in arrays]
-    reqs = [rq.allreduce(a.reshape(-1), o.reshape(-1), a.shape, dtype_name(a.dtype), f"{base}.{i}",
-                         op, prescale_factor, postscale_factor)
-            for i, (a, o) in enumerate(zip(arrays, outs))]
-    return reqs, (lambda _: outs)
+    arrays = list(map(np.asarray, tensors))
+    same_dtype = len(set(map(id, map(_DTYPE, arrays)))) == 1 or (  # one dtype object: the usual case
+        bool(arrays) and len(set(map(_DTYPE, arrays))) == 1)
+    if not same_dtype:  # mixed dtypes (or none): one request per tensor, announced together
+        arrays = [_contiguous(a) for a in arrays]
+        outs = [np.empty_like(a) for a in arrays]
+        reqs = [rq.allreduce(a.reshape(-1), o.reshape(-1), a.shape, dtype_name(a.dtype), f"{base}.{i}",
+                             op, prescale_factor, postscale_factor)
+                for i, (a, o) in enumerate(zip(arrays, outs))]
+        return reqs, (lambda _: outs)
+    shapes = tuple(map(_SHAPE, arrays))
+    if shapes.count(shapes[0]) == len(shapes):  # all alike: the views come from one reshape, in C
+        fused = _outputs.get(arrays[0].dtype, len(arrays) * arrays[0].size)
+        outs = list(fused.reshape((len(arrays),) + shapes[0]))
+    else:
+        sizes = list(map(_SIZE, arrays))
+        fused = _outputs.get(arrays[0].dtype, sum(sizes))
+        outs, off = [], 0
+        for shape, n in zip(shapes, sizes):
+            outs.append(fused[off:off + n].reshape(shape))
+            off += n
+    req = rq.group(arrays, outs, shapes, dtype_name(arrays[0].dtype), base, op, prescale_factor,
+                   postscale_factor, fused)
+    return [req], (lambda _: outs)
 
 
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> list:

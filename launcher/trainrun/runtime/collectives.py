@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from trainrun.runtime.fusion import FusionBuffer, pack, storage_dtype, unpack, wire_dtype
+from trainrun.runtime.fusion import _WIRE, FusionBuffer, pack, storage_dtype, unpack, wire_dtype
 from trainrun.runtime.ops import Average, Sum, Request
 
 
@@ -83,6 +83,73 @@ class Collectives:
 
     def _scales(self, op: int, post: float) -> tuple[int, float]:
         return (Sum, post / self.size) if op == Average else (op, post)
+
+    def allreduce_one(self, req: Request):
+        """allreduce() of one CPU request with no join in effect: the common case, kept short."""
+        if req.dtype in _WIRE or req.prescale != 1.0:
+            return self.allreduce([req.name], [req], None)[0]
+        op, post, out = req.op, req.postscale, req.out
+        if op == Average:
+            op, post = Sum, post / self.size
+        self.backend.allreduce(None if out is req.inp else req.inp, out, op)
+        self.reductions += 1
+        if post != 1.0:
+            np.multiply(out, post, out=out, casting="unsafe")
+        return out
+
+    def allreduce_group(self, req: Request | None, names, joined_info):
+        """One reduction of a group (ops.Request: inputs of any shape and layout, contiguous outputs);
+        None for a rank that joined (it adds zeros).
+        Packed with one concatenate; reduced in place in the group's own fused output when it has
+        one (nothing to unpack), else in the fusion buffer and copied out."""
+        if req is None:
+            dtype, op, pre, post, _, shapes = joined_info
+        else:
+            dtype, op, pre, post, shapes = req.dtype, req.op, req.prescale, req.postscale, req.shape
+        red_op, post = self._scales(op, post)
+        wire = wire_dtype(dtype)
+        plain = wire == storage_dtype(dtype)
+        t0 = self._clock()
+        if plain and pre == 1.0 and post == 1.0 and req is not None and req.fused is not None:
+            np.concatenate(req.inp, axis=None, out=req.fused)  # flattens any shape or layout
+            t0 = self._span(names, "PACK", t0)
+            self.backend.allreduce(None, req.fused, red_op)
+            self.reductions += 1
+            self._span(names, "ALLREDUCE", t0)
+            return req.out
+        counts = [math.prod(s) for s in shapes]
+        if req is None:
+            zeros = self._fusion.get(wire, sum(counts))
+            zeros[...] = 0
+            self.backend.allreduce(None, zeros, red_op)
+            self.reductions += 1
+            self._span(names, "ALLREDUCE", t0)
+            return None
+        fused = req.fused if plain and req.fused is not None else self._fusion.get(wire, sum(counts))
+        if plain and pre == 1.0:
+            np.concatenate(req.inp, axis=None, out=fused)  # flattens any shape or layout
+        else:
+            off = 0
+            for a, c in zip(req.inp, counts):
+                pack(a.reshape(-1), dtype, fused[off:off + c], pre)
+                off += c
+        t0 = self._span(names, "PACK", t0)
+        self.backend.allreduce(None, fused, red_op)
+        self.reductions += 1
+        t0 = self._span(names, "ALLREDUCE", t0)
+        if fused is req.fused:
+            if post != 1.0:
+                np.multiply(fused, post, out=fused, casting="unsafe")
+        else:
+            off = 0
+            for o, c in zip(req.out, counts):
+                if plain and post == 1.0:
+                    np.copyto(o.reshape(-1), fused[off:off + c])
+                else:
+                    unpack(fused[off:off + c], dtype, o.reshape(-1), post)
+                off += c
+        self._span(names, "UNPACK", t0)
+        return req.out
 
     def allreduce(self, names, reqs, joined_info) -> list:
         """One (possibly fused) reduction; zero-copy when it is a single tensor of a wire dtype."""

@@ -9,10 +9,20 @@ Threads and ownership:
   rank 0 as soon as it sees them; rank 0 answers with responses the moment a name is ready on every
   rank (no fixed cycle), and every rank, rank 0 included, runs the responses in the order received.
   Control messages use a private communicator with nonblocking sends, data a second one (backend).
-- Idle policy: while requests are outstanding the driver polls, only yielding the CPU for a while
-  after the last progress (WAITER_SPIN_S for a caller in wait(), BACKGROUND_SPIN_S for the background
-  thread), then sleeping up to MAX_SLEEP_S between polls; with nothing outstanding the background
-  thread sleeps until a submit (rank 0 wakes periodically for stall checks).
+  Announcements are `[rank, item...]`; responses lists of response tuples (negotiation.py).
+- Response cache (as Horovod's): a lone allreduce that ran (one name, no join in effect) gives its
+  meta the next id, on every rank alike, since every rank runs the same responses in the same order.
+  From then on that signature travels as its int id both ways (no meta pickled, compared by identity
+  at the coordinator); a changed shape/dtype/op is a new meta, negotiated and checked in full, so
+  mismatch and stall errors fire as before. Every op still gets its round trip through rank 0: that
+  is what keeps ranks that issue ops in different orders matched.
+- The common cases have short paths: `run()` for a blocking call, `_execute` for a lone CPU
+  allreduce (Collectives.allreduce_one), groups (grouped_allreduce) as one entry and one reduction.
+- Idle policy: a caller blocked in wait() keeps the driver lock and polls without yielding while it
+  makes progress or for WAITER_SPIN_S after the last progress, then sleeps with growing delays up to
+  MAX_SLEEP_S, letting other threads drive in between; the background thread yields the CPU after
+  BACKGROUND_SPIN_S; with nothing outstanding it sleeps until a submit (rank 0 wakes periodically for
+  stall checks).
 
 Failure: a mismatch or stall response fails the named handles on every rank that submitted them; an
 exception inside the engine fails every outstanding handle and closes the engine. `shutdown()` is
@@ -33,12 +43,13 @@ from trainrun.runtime.backends.mpi import MPIBackend
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
-from trainrun.runtime.ops import Handle, Request
+from trainrun.runtime.ops import GROUP, Handle, Request
 
 TAG_ANNOUNCE, TAG_RESPONSE = 1, 2
 # A caller blocked in wait() has nothing better to do than poll; the background thread shares the
 # core with the training loop (gradient hooks fire during backward), so it yields the CPU sooner.
 WAITER_SPIN_S, BACKGROUND_SPIN_S, MAX_SLEEP_S = 0.002, 0.0001, 0.0002
+CACHE_CAPACITY = 4096  # signatures remembered by the response cache (Horovod's default is 1024)
 _ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError}
 
 
@@ -71,7 +82,8 @@ class Engine:
         self._coord = Coordinator(size, fusion_threshold, stall_timeout) if rank == 0 else None
         self._tick = min(1.0, stall_timeout / 4)
 
-        self._cv = threading.Condition()
+        self._lock = threading.RLock()          # _cv's lock, taken directly on hot paths (C-level enter/exit)
+        self._cv = threading.Condition(self._lock)
         self._queue: list[Request] = []      # submitted, not yet seen by the driver   (under _cv)
         self._names: set[str] = set()        # names outstanding on this rank            (under _cv)
         self._drivers = 0                    # callers in (or promised to enter) wait()  (under _cv)
@@ -85,6 +97,9 @@ class Engine:
         self._pending: dict[str, Request] = {}   # announced, waiting for a response   (driver only)
         self._sends: list = []                   # nonblocking control sends in flight  (driver only)
         self._shutdown_ok = False
+        self._ids: dict[tuple, int] = {}         # response cache: meta -> id   (driver only; same on all ranks)
+        self._by_id: list[tuple] = []            # id -> meta                    (driver only)
+        self._cached: list[tuple] = []           # id -> its response            (driver only)
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
         self._thread.start()
@@ -96,9 +111,18 @@ class Engine:
         `caller_waits=True` promises an immediate `wait`/`wait_all` on them: the background thread is
         not woken, so the caller's own wait drives them without a thread hand-off.
         """
-        with self._cv:
+        with self._lock:
             if self._closed:
                 raise HorovodInternalError("trainrun has been shut down; call init() again to use collectives")
+            if len(reqs) == 1 and not caller_waits and self._timeline is None:  # the async op's path
+                name = reqs[0].name
+                if name not in self._names:
+                    self._names.add(name)
+                    self._queue.append(reqs[0])
+                    if self._idle:
+                        self._idle = False  # one wake-up per burst of submits: the thread takes the whole queue
+                        self._cv.notify_all()
+                    return
             names = [r.name for r in reqs]
             dup = self._names.intersection(names) or (len(set(names)) < len(names) and names)
             if dup:
@@ -114,7 +138,38 @@ class Engine:
                 self._drivers += 1
                 self._promised += 1
             elif self._idle:
+                self._idle = False  # one wake-up per burst of submits: the thread takes the whole queue
                 self._cv.notify_all()
+
+    def run(self, reqs: list[Request]) -> list:
+        """`submit(reqs, caller_waits=True)` then `wait_all` of their handles, in fewer steps for one
+        request: the path of every blocking call (api.run). Returns the results or raises the first error."""
+        if len(reqs) != 1:
+            self.submit(reqs, caller_waits=True)
+            return self.wait_all([r.handle for r in reqs])
+        req = reqs[0]
+        with self._lock:
+            if self._closed:
+                raise HorovodInternalError("trainrun has been shut down; call init() again to use collectives")
+            if req.name in self._names:
+                raise ValueError(f"Requested a collective on tensor name(s) {[req.name]} while an operation "
+                                 "with the same name is still in flight on this rank; names must be unique")
+            if self._timeline is not None:
+                req.submitted = self._timeline.now()
+            self._names.add(req.name)
+            self._queue.append(req)
+            self._drivers += 1
+        handle = req.handle
+        try:
+            self._drive_until(handle)
+        finally:
+            with self._lock:  # _cv's lock: notify_all below is allowed
+                self._drivers -= 1
+                if not self._drivers and (self._queue or self._names):
+                    self._cv.notify_all()
+        if handle.error is not None:
+            raise handle.error
+        return [handle.result]
 
     def wait(self, handle: Handle):
         """Block until `handle` completes, driving progress meanwhile; return its result or raise its error."""
@@ -145,18 +200,27 @@ class Engine:
             self._cv.notify_all()
 
     def _drive_until(self, handle: Handle) -> None:
-        backoff = _Backoff(WAITER_SPIN_S)
+        """Drive progress until `handle` is done. The driver lock is held across polls while they make
+        progress or are young (WAITER_SPIN_S): a blocked caller spins like a blocking MPI call would,
+        with no yield or lock hand-off per poll (each costs microseconds, a yield on a loaded machine
+        far more); after that it polls with growing sleeps and lets other threads drive in between."""
+        backoff = None
         while not handle.done:
             if not self._drive.acquire(blocking=False):
                 self._sleep(MAX_SLEEP_S, handle)   # another thread is driving
                 continue
             try:
-                progressed = self._progress()
+                deadline = time.monotonic() + WAITER_SPIN_S
+                while not handle.done:
+                    if self._progress():
+                        deadline = time.monotonic() + WAITER_SPIN_S
+                        backoff = None
+                    elif time.monotonic() > deadline:
+                        break
             finally:
                 self._drive.release()
-            if progressed:
-                backoff.reset()
-            elif not handle.done:
+            if not handle.done:
+                backoff = backoff or _Backoff(0.0)
                 delay = backoff.delay()
                 self._sleep(delay, handle) if delay else os.sched_yield()
 
@@ -216,7 +280,7 @@ class Engine:
                 self._sends += [self._ctrl.isend(self._coord.responses(), dest=d, tag=TAG_RESPONSE)
                                 for d in range(1, self.size)]
             else:
-                self._sends.append(self._ctrl.isend(meta, dest=0, tag=TAG_ANNOUNCE))
+                self._sends.append(self._ctrl.isend([self.rank] + meta, dest=0, tag=TAG_ANNOUNCE))
             deadline = time.monotonic() + grace_s
             while not MPI.Request.Testall(self._sends) and time.monotonic() < deadline:
                 time.sleep(0.001)
@@ -281,41 +345,79 @@ class Engine:
             return True
 
     def _round(self) -> bool:
-        with self._cv:
-            new, self._queue = self._queue, []
-            closed = self._closed
-        if closed:
+        """Announce, negotiate (rank 0), run. The hot path of every operation: kept free of per-poll
+        allocations and lock round-trips when there is nothing to do."""
+        if self._closed:
             return False
-        progressed = bool(new)
-        if new:
-            metas = []
+        progressed = False
+        metas = None
+        if self._queue:
+            with self._lock:
+                new, self._queue = self._queue, []
+            progressed = True
+            pending, ids, by_id = self._pending, self._ids, self._by_id
+            metas, wire = [], [self.rank]
             for r in new:
-                self._pending[r.name] = r
-                metas.append(r.meta())
+                pending[r.name] = r
+                m = r.meta()
+                cid = r.cid = ids.get(m)  # the response cache: a signature run before travels as its id
+                if cid is None:
+                    metas.append(m)
+                    wire.append(m)
+                else:
+                    metas.append(by_id[cid])  # the cached object: compared by identity from now on
+                    wire.append(cid)
             if self._coord is None:
-                self._sends.append(self._ctrl.isend(metas, dest=0, tag=TAG_ANNOUNCE))
+                self._sends.append(self._ctrl.isend(wire, dest=0, tag=TAG_ANNOUNCE))
         if self._sends and MPI.Request.Testall(self._sends):
             self._sends.clear()
-        if self._coord is not None:
+        coord = self._coord
+        if coord is not None:
             # announcements that arrived earlier go first (join() reports the last rank to join)
+            by_id = self._by_id
             while (msg := self._ctrl.improbe(source=MPI.ANY_SOURCE, tag=TAG_ANNOUNCE)) is not None:
-                status = MPI.Status()
-                remote = msg.recv(status=status)
-                self._coord.submit(status.Get_source(), remote)
+                src, *remote = msg.recv()
+                coord.submit(src, [by_id[m] if m.__class__ is int else m for m in remote])
                 progressed = True
-            if new:
-                self._coord.submit(0, metas)
-            responses = self._coord.responses() if self._coord.pending() else []
-            if responses:
-                for dest in range(1, self.size):
-                    self._sends.append(self._ctrl.isend(responses, dest=dest, tag=TAG_RESPONSE))
-                self._execute(responses)
-                progressed = True
+            if metas:
+                coord.submit(0, metas)
+            if coord.due():
+                responses = coord.responses()
+                if responses:
+                    wire = self._encode(responses)
+                    for dest in range(1, self.size):
+                        self._sends.append(self._ctrl.isend(wire, dest=dest, tag=TAG_RESPONSE))
+                    self._execute(responses)
+                    progressed = True
         else:
             while (msg := self._ctrl.improbe(source=0, tag=TAG_RESPONSE)) is not None:
-                self._execute(msg.recv())
+                cached = self._cached
+                self._execute([cached[r] if r.__class__ is int else r for r in msg.recv()])
                 progressed = True
         return progressed
+
+    def _encode(self, responses: list[tuple]) -> list:
+        """Responses as sent: a cached allreduce (one name, no join, no error) as its id."""
+        pending = self._pending
+        out = []
+        for resp in responses:
+            if resp[0] == "allreduce" and resp[2] is None and len(resp[1]) == 1:
+                req = pending.get(resp[1][0])
+                if req is not None and req.cid is not None:
+                    resp = req.cid
+            out.append(resp)
+        return out
+
+    def _remember(self, req: Request) -> None:
+        """Response cache: give a signature that just ran as a lone allreduce the next id. Every rank
+        runs the same responses in the same order, so ids agree without being sent."""
+        if req.cid is not None:
+            return
+        meta = req.meta()
+        if meta not in self._ids and len(self._by_id) < CACHE_CAPACITY:
+            self._ids[meta] = len(self._by_id)
+            self._by_id.append(meta)
+            self._cached.append(("allreduce", [req.name], None, None))
 
     def _execute(self, responses: list[tuple]) -> None:
         for kind, names, info, error in responses:
@@ -329,24 +431,54 @@ class Engine:
                 failed = [self._pending.pop(n) for n, ranks in zip(names, info) if self.rank in ranks]
                 self._finish(failed, [None] * len(failed), _ERRORS[error[0]](error[1]))
                 continue
-            reqs = [self._pending.pop(n, None) for n in names]
+            if len(names) == 1:
+                req = self._pending.pop(names[0], None)
+                if kind == "allreduce" and info is None and req is not None and req.splits is None \
+                        and req.device == "cpu" and self._timeline is None:
+                    self._remember(req)  # the common case, in as few steps as possible
+                    self._finish_one(req, self._coll.allreduce_one(req))
+                    continue
+                reqs = [req]
+            else:
+                reqs = [self._pending.pop(n, None) for n in names]
+                req = None
             if self._timeline is not None:
                 now = self._timeline.now()
                 for r in reqs:
                     if r is not None:
                         self._timeline.span([r.name], "NEGOTIATE", r.submitted, now)
-            results = self._coll.execute(kind, names, reqs, info)
+            if kind == "allreduce" and ((req is not None and req.splits == GROUP)
+                                        or (req is None and info is not None and len(info[5]) != len(names))):
+                # a group: one fused reduction (zeros for all its tensors on a rank that has joined)
+                results = [self._coll.allreduce_group(req, names, info)]
+            else:
+                results = self._coll.execute(kind, names, reqs, info)
             if kind == "shutdown":
                 self._shutdown_ok = True
                 with self._cv:
                     self._closed = True
-            done = [(r, res) for r, res in zip(reqs, results) if r is not None]
-            self._finish([r for r, _ in done], [res for _, res in done], None)
+            if req is not None:
+                if kind == "allreduce" and info is None:
+                    self._remember(req)
+                self._finish(reqs, results, None)
+            else:
+                done = [(r, res) for r, res in zip(reqs, results) if r is not None]
+                self._finish([r for r, _ in done], [res for _, res in done], None)
+
+    def _finish_one(self, req: Request, result) -> None:
+        handle = req.handle
+        handle.result = result
+        handle.done = True
+        with self._lock:
+            self._names.discard(req.name)
+        if self._sleepers:
+            with self._done_cv:
+                self._done_cv.notify_all()
 
     def _finish(self, reqs: list[Request], results: list, error: BaseException | None) -> None:
         for r, res in zip(reqs, results):
             r.handle.finish(res, error)
-        with self._cv:
+        with self._lock:
             self._names.difference_update(r.name for r in reqs)
         if self._sleepers:
             with self._done_cv:

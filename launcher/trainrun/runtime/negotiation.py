@@ -7,7 +7,8 @@ response is a tuple `(kind, names, info, error)`:
     ("allreduce", [names...], joined_info, None)   one fused reduction (same dtype/op/scales/device);
                                                    while some rank has joined, joined_info = (dtype, op,
                                                    prescale, postscale, device, [shapes]) so it can add
-                                                   zeros; else None
+                                                   zeros; else None. A group (ops.GROUP) is one name,
+                                                   never fused with others; its shapes are the members'.
     ("allgather", [name], first_dims_per_rank, None)
     ("alltoall",  [name], splits_per_rank, None)
     ("broadcast"|"reducescatter"|"barrier"|"shutdown", [name], None, None)
@@ -28,7 +29,7 @@ import math
 import time
 
 from trainrun.runtime.fusion import wire_dtype
-from trainrun.runtime.ops import OP_NAMES
+from trainrun.runtime.ops import GROUP, OP_NAMES
 
 NAME, KIND, DTYPE, SHAPE, OP, PRE, POST, ROOT, SPLITS, DEVICE = range(10)
 JOIN_NAME, SHUTDOWN_NAME = "__join__", "__shutdown__"
@@ -88,8 +89,13 @@ class Coordinator:
     def pending(self) -> bool:
         return bool(self._table or self._joined or self._aborted)
 
+    def due(self) -> bool:
+        """Whether `responses()` may return something now (cheap; the driver asks on every poll)."""
+        return bool(self._ready or self._joined or self._aborted) or \
+            (bool(self._first) and self._clock() >= self._next_stall_check)
+
     def submit(self, rank: int, metas) -> None:
-        now = self._clock()
+        now = None
         for m in metas:
             if m[KIND] == "abort":  # the name carries the reason
                 self._aborted = f"rank {rank} stopped: {m[NAME]}"
@@ -101,9 +107,9 @@ class Coordinator:
             entry = self._table.get(m[NAME])
             if entry is None:
                 entry = self._table[m[NAME]] = {}
-                self._first[m[NAME]] = now
+                self._first[m[NAME]] = now = now or self._clock()
             entry[rank] = m
-            if self._complete(entry):
+            if (len(entry) >= self.size) if not self._joined else self._complete(entry):
                 self._ready.append(m[NAME])
 
     def _complete(self, entry: dict) -> bool:
@@ -119,6 +125,18 @@ class Coordinator:
             self._ready.clear()
             self._joined.clear()
             return [("abort", [], None, ("abort", self._aborted))]
+        if len(self._ready) == 1 and not self._joined:  # one lone op, the common case: short path
+            name = self._ready[0]
+            entry = self._table[name]
+            metas = iter(entry.values())
+            first = next(metas)
+            if first[KIND] == "allreduce" and all(m == first for m in metas):
+                del self._table[name], self._first[name]
+                self._ready.clear()
+                out = [("allreduce", [name], None, None)]
+                if self._first:
+                    out.extend(self._stalls())
+                return out
         out: list[tuple] = []
         groups: dict[tuple, list] = {}  # fusion key -> [[names], nbytes, shapes]
         for name in self._ready:
@@ -133,7 +151,11 @@ class Coordinator:
             if error:
                 out.append(("error", [name], [set(entry)], ("mismatch", error)))
             elif kind == "allreduce":
-                self._fuse(groups, out, name, any_meta)
+                if any_meta[SPLITS] == GROUP:
+                    key = (any_meta[DTYPE], any_meta[OP], any_meta[PRE], any_meta[POST], any_meta[DEVICE])
+                    out.append((kind, [name], (*key, list(any_meta[SHAPE])) if self._joined else None, None))
+                else:
+                    self._fuse(groups, out, name, any_meta)
             elif kind == "allgather":
                 out.append((kind, [name], [entry[r][SHAPE][0] for r in range(self.size)], None))
             elif kind == "alltoall":

@@ -11,6 +11,7 @@ import numpy as np
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
+GROUP = "group"  # Request.splits of a group of allreduces (see Request)
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join", "shutdown", "abort")
 
 
@@ -41,12 +42,17 @@ class Request:
     arrays (out None when the engine allocates it: allgather, alltoall). shape: the input's shape.
     dtype: logical dtype name. op/prescale/postscale: reductions. root: broadcast. splits: alltoall
     send counts along dim 0, one per rank.
+    A *group* (grouped_allreduce) is one Request for many CPU tensors of one dtype: inp and out are
+    lists of arrays (inputs of any layout, outputs contiguous), shape the tuple of their shapes,
+    splits = GROUP; negotiated as one entry, reduced as one fused buffer. `fused`, when set, is a flat
+    buffer whose consecutive slices are the outputs (reduced in place there: nothing to unpack). Its
+    result is the list of outputs.
     device: "cpu" (inp/out are NumPy arrays) or "cuda" (flat torch CUDA tensors, reduced with NCCL;
     `ready` is a torch.cuda.Event recorded on the producer's stream after the input was written).
     """
 
     __slots__ = ("kind", "name", "inp", "out", "shape", "dtype", "op", "prescale", "postscale", "root",
-                 "splits", "device", "ready", "handle", "submitted")
+                 "splits", "device", "ready", "handle", "submitted", "fused", "_meta", "cid")
 
     def __init__(self, kind: str, name: str, inp: np.ndarray | None = None, out: np.ndarray | None = None,
                  shape: tuple = (), dtype: str = "", op: int = Sum, prescale: float = 1.0,
@@ -57,8 +63,14 @@ class Request:
         self.device, self.ready = device, ready
         self.handle = Handle(name)
         self.submitted = 0.0  # timeline only
+        self._meta = None
+        self.cid = None  # its id in the engine's response cache, once looked up there
+        self.fused = None  # a group's output buffer, when its outputs are views of one (see above)
 
     def meta(self) -> tuple:
-        """What is sent to the coordinator (small, picklable, compared across ranks)."""
-        return (self.name, self.kind, self.dtype, self.shape, self.op, self.prescale, self.postscale,
-                self.root, self.splits, self.device)
+        """What is sent to the coordinator (small, picklable, compared across ranks); made once."""
+        m = self._meta
+        if m is None:
+            m = self._meta = (self.name, self.kind, self.dtype, self.shape, self.op, self.prescale,
+                              self.postscale, self.root, self.splits, self.device)
+        return m

@@ -13,7 +13,7 @@ import numpy as np
 
 from trainrun.runtime import state
 from trainrun.runtime.fusion import REDUCIBLE
-from trainrun.runtime.ops import OP_NAMES, Adasum, Average, Max, Min, Product, Request, Sum
+from trainrun.runtime.ops import GROUP, OP_NAMES, Adasum, Average, Max, Min, Product, Request, Sum
 
 _counters = {k: itertools.count() for k in ("allreduce", "grouped_allreduce", "allgather", "broadcast",
                                              "alltoall", "reducescatter", "barrier", "join")}
@@ -49,6 +49,17 @@ def allreduce(inp, out, shape, dtype, name, op, prescale, postscale) -> Request:
     _check_reducible(dtype)
     return Request("allreduce", name, inp, out, tuple(shape), dtype, check_op(op),
                    float(prescale), float(postscale))
+
+
+def group(inps: list, outs: list, shapes: tuple, dtype: str, name: str, op, prescale, postscale,
+          fused=None) -> Request:
+    """A grouped allreduce of CPU arrays of one dtype as one Request (see ops.Request): inputs of
+    any shape and layout, contiguous outputs; `fused`, when given, the buffer the outputs view."""
+    _check_reducible(dtype)
+    req = Request("allreduce", name, inps, outs, shapes, dtype, check_op(op), float(prescale),
+                  float(postscale), splits=GROUP)
+    req.fused = fused
+    return req
 
 
 def allgather(inp, shape, dtype, name) -> Request:

@@ -157,6 +157,18 @@ def poll(handle: int) -> bool:
 
 def synchronize(handle: int):
     """Wait for `handle`, forget it, and return its output; raises HorovodInternalError on failure."""
+    op = _handles.pop(handle, None)
+    if op is None:
+        raise ValueError(f"Invalid or already synchronized handle: {handle}")
+    op_handles, finalize = op
+    if len(op_handles) == 1:  # one engine handle: the usual case, without the list work below
+        (h,) = op_handles
+        if not h.done:
+            engine().wait_all(op_handles)
+        if h.error is not None:
+            raise h.error
+        return finalize([h.result])
+    _handles[handle] = op
     return synchronize_all([handle])[0]
 
 

@@ -1,9 +1,10 @@
 """Where this rank sits: global, local (same host) and cross (same local rank) coordinates.
 
 The MPI world is the source of truth: size/rank from COMM_WORLD, local from a shared-memory split,
-cross from splitting by local rank. When the launcher's env contract (TRAINRUN_*) is present it must
-agree; a disagreement means the world was formed wrongly (see FACTS.md: a PMI mistake gives size 1
-with no error) and is raised as RuntimeError rather than training on a wrong topology.
+cross from splitting by local rank. When the launcher's env contract (TRAINRUN_*, read with
+envcontract.read_rank_env) is present it must agree; a disagreement means the world was formed
+wrongly (see FACTS.md: a PMI mistake gives size 1 with no error) and is raised as RuntimeError
+rather than training on a wrong topology.
 """
 from __future__ import annotations
 
@@ -47,16 +48,23 @@ def from_mpi(comm) -> Topology:
     return topo
 
 
-_ENV_FIELDS = (("TRAINRUN_RANK", "rank"), ("TRAINRUN_SIZE", "size"),
-               ("TRAINRUN_LOCAL_RANK", "local_rank"), ("TRAINRUN_LOCAL_SIZE", "local_size"),
-               ("TRAINRUN_CROSS_RANK", "cross_rank"), ("TRAINRUN_CROSS_SIZE", "cross_size"))
+_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
 
 
 def check_env(topo: Topology, environ) -> None:
-    """Raise RuntimeError naming every TRAINRUN_* variable that disagrees with the MPI world."""
-    wrong = [f"{var}={environ[var]} but MPI says {getattr(topo, field)}"
-             for var, field in _ENV_FIELDS
-             if var in environ and environ[var].strip() != str(getattr(topo, field))]
+    """Raise RuntimeError naming every TRAINRUN_* variable that disagrees with the MPI world (the
+    contract is read by envcontract.read_rank_env; nothing to check when the launcher set none)."""
+    from trainrun.envcontract import read_rank_env
+
+    try:
+        env = read_rank_env(environ)
+    except (KeyError, ValueError) as e:
+        raise RuntimeError(f"trainrun: the launcher's environment contract is incomplete or malformed ({e!r}); "
+                           "was the rank started outside its launcher?") from None
+    if env is None:
+        return
+    wrong = [f"TRAINRUN_{field.upper()}={getattr(env, field)} but MPI says {getattr(topo, field)}"
+             for field in _FIELDS if getattr(env, field) != getattr(topo, field)]
     if wrong:
         raise RuntimeError("trainrun: the MPI world disagrees with the launcher's environment: "
                            + "; ".join(wrong)

@@ -122,7 +122,34 @@ def _allreduce(tensor, name, op, prescale_factor, postscale_factor, in_place):
 
 
 def _grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, in_place):
+    """CPU tensors of one dtype travel as one group (one negotiation entry, one reduction: see
+    ops.Request); anything else as one request per tensor, announced together."""
     base = rq.auto_name("grouped_allreduce", name)
+    tensors = list(tensors)
+    if tensors and len({t.dtype for t in tensors}) == 1 and not any(t.is_cuda for t in tensors):
+        bufs, dones = [], []
+        for t in tensors:
+            if in_place:
+                buf, done = _in_place(t)
+                dones.append(done)
+            else:
+                buf = _host(t)
+            bufs.append(buf)
+        pairs = [_view(b) for b in bufs]
+        views, dtype = [v for v, _ in pairs], pairs[0][1]
+        shapes = tuple(tuple(b.shape) for b in bufs)
+        if in_place:
+            req = rq.group(views, views, shapes, dtype, base, op, prescale_factor, postscale_factor)
+            return [req], lambda _: [d() for d in dones]
+        fused = torch.empty(sum(b.numel() for b in bufs), dtype=bufs[0].dtype)
+        outs = [o.view(shape) for o, shape in zip(fused.split([b.numel() for b in bufs]), shapes)]
+        flat = _view(fused)[0]
+        np_outs, off = [], 0
+        for v in views:
+            np_outs.append(flat[off:off + v.size])
+            off += v.size
+        req = rq.group(views, np_outs, shapes, dtype, base, op, prescale_factor, postscale_factor, flat)
+        return [req], lambda _: outs
     reqs, finals = [], []
     for i, t in enumerate(tensors):
         (req,), fin = _allreduce(t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)

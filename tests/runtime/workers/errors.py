@@ -42,6 +42,20 @@ def dtype_op_root_kind_mismatch():
 
 
 @case
+def mismatch_after_the_signature_was_cached():
+    for _ in range(3):
+        hvd.allreduce(np.ones(4), name="cached.w")
+    shape = (4,) if hvd.rank() == 0 else (5,)
+    expect(hvd.TensorMismatchError, lambda: hvd.allreduce(np.ones(shape), name="cached.w"), "cached.w", "shape")
+    for _ in range(2):
+        hvd.grouped_allreduce([np.ones(2), np.ones(3)], name="cached.g")
+    shapes = [(2,), (3,)] if hvd.rank() == 0 else [(2,), (4,)]
+    expect(hvd.TensorMismatchError, lambda: hvd.grouped_allreduce([np.ones(s) for s in shapes], name="cached.g"),
+           "cached.g", "shape")
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(4), name="cached.w", op=hvd.Sum), np.full(4, hvd.size()))
+
+
+@case
 def still_works_after_errors():
     np.testing.assert_array_equal(hvd.allreduce(np.ones(3), op=hvd.Sum), np.full(3, hvd.size()))
 

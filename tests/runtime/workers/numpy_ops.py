@@ -137,6 +137,67 @@ def grouped_allreduce():
 
 
 @case
+def grouped_allreduce_shapes_dtypes_scales():
+    """Groups of mixed shapes and layouts (one entry, outputs views of one buffer), of mixed dtypes
+    (one request per tensor), float16 and scaled (packed through the fusion buffer); repeated, so
+    the second round runs from the response cache."""
+    me = hvd.rank()
+    for _ in range(2):
+        base = data(me, 600, (6, 4), "float32")
+        arrays = [base[:, ::2], data(me, 601, (5,), "float32"), data(me, 602, (), "float32"), base.T]
+        outs = hvd.grouped_allreduce(arrays, op=hvd.Sum, name="g.mixed.shapes")
+        ref_base = [data(r, 600, (6, 4), "float64") for r in range(hvd.size())]
+        wants = [sum(b[:, ::2] for b in ref_base), reference(hvd.Sum, all_data(601, (5,), "float32"), "float32"),
+                 reference(hvd.Sum, all_data(602, (), "float32"), "float32"), sum(b.T for b in ref_base)]
+        for out, want, a in zip(outs, wants, arrays):
+            assert out.shape == a.shape and out.dtype == np.float32
+            close(out, want, "float32")
+        mixed = [data(me, 603, (3,), "float64"), data(me, 604, (2, 2), "int32")]
+        outs = hvd.grouped_allreduce(mixed, op=hvd.Max, name="g.mixed.dtypes")
+        close(outs[0], reference(hvd.Max, all_data(603, (3,), "float64"), "float64"), "float64")
+        close(outs[1], reference(hvd.Max, all_data(604, (2, 2), "int32"), "int32"), "int32")
+        halves = [data(me, 605 + i, (7,), "float16") for i in range(3)]
+        outs = hvd.grouped_allreduce(halves, op=hvd.Average, prescale_factor=2.0, postscale_factor=0.5, name="g.half")
+        for i, out in enumerate(outs):
+            assert out.dtype == np.float16
+            close(out, reference(hvd.Average, all_data(605 + i, (7,), "float16"), "float16"), "float16")
+    assert hvd.grouped_allreduce([], name="g.empty") == []
+
+
+@case
+def grouped_allreduce_while_a_rank_has_joined():
+    me, n = hvd.rank(), hvd.size()
+    if me == n - 1:
+        hvd.join()
+        return
+    for i in range(3):  # the second and third from the response cache
+        outs = hvd.grouped_allreduce([np.full(4, float(me + 1)), np.full((2, 3), 1.0)], op=hvd.Sum, name=f"gj.{i % 2}")
+        np.testing.assert_array_equal(outs[0], np.full(4, float(sum(range(1, n)))))
+        np.testing.assert_array_equal(outs[1], np.full((2, 3), float(n - 1)))
+    hvd.join()
+
+
+@case
+def cached_signatures_in_different_orders():
+    """Names run before (response cache) issued in a different order on every rank still match."""
+    names = [f"order.{i}" for i in range(6)]
+    for round_ in range(3):
+        order = np.random.default_rng(hvd.rank() * 31 + round_).permutation(len(names))
+        handles = {names[i]: hvd.allreduce_async(np.full(3, float(i)), name=names[i], op=hvd.Sum) for i in order}
+        for i, name in enumerate(names):
+            np.testing.assert_array_equal(hvd.synchronize(handles[name]), np.full(3, float(i * hvd.size())))
+        h = hvd.allreduce_async(np.ones(2), name=f"order.async.{hvd.rank()}")  # pending on one rank only
+        for k in range(2):  # blocking ones (cached after the first round) while it is pending
+            np.testing.assert_array_equal(hvd.allreduce(np.ones(2), name=f"order.sync.{k}", op=hvd.Sum),
+                                          np.full(2, hvd.size()))
+        hvd.barrier()
+        for r in range(hvd.size()):  # now every rank submits every rank's name: all complete
+            if r != hvd.rank():
+                hvd.synchronize(hvd.allreduce_async(np.ones(2), name=f"order.async.{r}"))
+        hvd.synchronize(h)
+
+
+@case
 def allgather_ragged():
     for dtype in DTYPES + ["uint8", "bool"]:
         shape = (hvd.rank(), 3)  # rank 0 contributes nothing
