@@ -57,8 +57,10 @@ def find_mpirun() -> str:
     return exe
 
 
-def mpirun_argv(plan: LaunchPlan, mpirun: str, *, oversubscribe: bool, as_root: bool, nics: tuple[str, ...] = ()) -> list[str]:
-    """The whole mpirun command for `plan`. Pure."""
+def mpirun_argv(plan: LaunchPlan, mpirun: str, *, oversubscribe: bool, as_root: bool, nics: tuple[str, ...] = (),
+                shm_dir: str | None = None) -> list[str]:
+    """The whole mpirun command for `plan`. Pure. `shm_dir`: where Open MPI puts its shared-memory files
+    (a per-job directory trainrun removes afterwards, so a killed job leaks nothing)."""
     by_host = plan.by_host()
     argv = [mpirun, "-np", str(len(plan.procs)), "-H", ",".join(f"{h}:{len(p)}" for h, p in by_host.items()),
             "--map-by", "slot", "--bind-to", "none", "--output", "tag"]
@@ -66,6 +68,8 @@ def mpirun_argv(plan: LaunchPlan, mpirun: str, *, oversubscribe: bool, as_root: 
         argv.append("--allow-run-as-root")
     if oversubscribe:
         argv.append("--oversubscribe")
+    if shm_dir:
+        argv += ["--mca", "btl_sm_backing_directory", shm_dir]
     if nics:
         argv += ["--mca", "btl_tcp_if_include", ",".join(nics), "--mca", "oob_tcp_if_include", ",".join(nics)]
     for k, v in sorted(plan.procs[0].env.items()):
@@ -108,16 +112,28 @@ class RetaggingSink:
 
 def run_openmpi(plan: LaunchPlan, sink: OutputSink, *, oversubscribe: bool, grace: float, nics: tuple[str, ...] = ()) -> int:
     """Run the plan under mpirun; returns the launcher's exit code and prints a summary on failure."""
+    import shutil
     import sys
     from dataclasses import replace
 
+    from trainrun.hosts import is_local_name
     from trainrun.job import ProcessGroup
     from trainrun.plan import LaunchPlan as Plan
 
-    argv = mpirun_argv(plan, find_mpirun(), oversubscribe=oversubscribe, as_root=os.geteuid() == 0, nics=nics)
+    # Open MPI's segments of a killed job stay in /dev/shm; on this machine, give them a directory of
+    # their own to remove. (Remote hosts would need it to exist there: left to Open MPI's default.)
+    mpirun = find_mpirun()
+    shm_dir = f"/dev/shm/trainrun-{plan.job.job_id}" if all(is_local_name(h) for h in plan.by_host()) else None
+    argv = mpirun_argv(plan, mpirun, oversubscribe=oversubscribe, as_root=os.geteuid() == 0, nics=nics, shm_dir=shm_dir)
+    if shm_dir:
+        os.makedirs(shm_dir, mode=0o700, exist_ok=True)
     first = plan.procs[0]
     one = Plan(plan.job, (replace(first, argv=tuple(argv), env={}),))
-    result = ProcessGroup(one, RetaggingSink(sink), grace=grace, mpi=False).run()
+    try:
+        result = ProcessGroup(one, RetaggingSink(sink), grace=grace, mpi=False).run()
+    finally:
+        if shm_dir:
+            shutil.rmtree(shm_dir, ignore_errors=True)
     if result.failure is not None:
         print(f"trainrun: the Open MPI job failed: mpirun exited with code {result.exit_code}", file=sys.stderr)
     elif result.interrupted_by is not None:

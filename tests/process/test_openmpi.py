@@ -63,3 +63,27 @@ def test_openmpi_missing_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trainrun", "--mpi", "openmpi", "-np", "2", "true"],
                        env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2 and "is not Open MPI" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_killed_openmpi_job_leaves_no_shared_memory(openmpi_bin, tmp_path):
+    """Interrupted with --grace 0, mpirun itself is SIGKILLed and cannot remove its /dev/shm files:
+    trainrun gives them a per-job directory and removes it."""
+    import glob
+    import signal
+
+    env = {**os.environ, "PATH": f"{openmpi_bin}:{os.environ['PATH']}"}
+    before = set(glob.glob("/dev/shm/*")) | set(glob.glob("/dev/shm/*/*"))
+    code = ("from mpi4py import MPI; from array import array; import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "c = MPI.COMM_WORLD; a = array('d', [1.0]) * (1 << 16); c.Allreduce(a, array('d', a)); "
+            "print('up', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-m", "trainrun", "--mpi", "openmpi", "-np", "2", "--grace", "0", "python", "-c", code],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        assert b"up" in p.stdout.readline() and b"up" in p.stdout.readline()
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        p.kill()
+        p.wait()
+    after = set(glob.glob("/dev/shm/*")) | set(glob.glob("/dev/shm/*/*"))
+    assert after - before == set()
