@@ -20,6 +20,7 @@
 #      otherwise set FORWARD DROP, which breaks Linux bridges in the root namespace used by other tests).
 #      Consequence: containers reach each other and the host, not the internet; builds use --network host.
 set -euo pipefail
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"  # root tools (dockerd, sshd, ip) even from a minimal PATH
 
 TOOLS=${TRAINRUN_DOCKER_TOOLS:-/opt/trainrun-docker-tools}
 STATE=${TRAINRUN_DOCKER_STATE:-/run/trainrun-docker}

@@ -2,6 +2,7 @@
 # Set up everything the whole test suite needs, then run it: unit, process, cluster (network
 # namespaces + sshd, needs root), runtime and docker (real dockerd) tests. Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"  # root tools (dockerd, sshd, ip) even from a minimal PATH
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 if [ "$(id -u)" = 0 ]; then
