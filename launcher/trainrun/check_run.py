@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from trainrun.checks import CheckReport, HostCheck, evaluate
-from trainrun.errors import HostError
+from trainrun.errors import HostError, UsageError
 from trainrun.hosts import HostSpec
 from trainrun.placement import assign_ranks, ranks_per_host
 
@@ -132,7 +132,7 @@ def run_check(cfg) -> CheckReport:
     problems = []
     try:
         counts = ranks_per_host(hosts, np, cfg.oversubscribe)
-    except Exception as err:  # UsageError: reported as a problem, the rest is still checked
+    except UsageError as err:  # e.g. -np above the slots: a problem to report; the hosts are still checked
         counts, problems = [0] * len(hosts), [str(err)]
     checks, clients = collect_hosts(hosts, cfg)
     try:

@@ -81,7 +81,10 @@ def read_rank_env(environ) -> RankEnv | None:
     """The contract as seen inside a rank, or None when the process was not started by trainrun."""
     if "TRAINRUN_RANK" not in environ:
         return None
-    get = lambda k: int(environ[f"TRAINRUN_{k}"])  # noqa: E731
+
+    def get(key: str) -> int:
+        return int(environ[f"TRAINRUN_{key}"])
+
     gpus = environ.get("TRAINRUN_GPUS", "")
     return RankEnv(
         rank=get("RANK"),
