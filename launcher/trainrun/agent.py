@@ -34,6 +34,7 @@ class Agent:
         self.sel = selectors.DefaultSelector()
         self.done = False
         self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
+        self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
         self._last_heard = self._last_beat = time.monotonic()
 
     def send(self, data: bytes) -> None:
@@ -73,6 +74,7 @@ class Agent:
 
     def _start(self, job: dict, watchdog: Watchdog) -> None:
         self.patience = job.get("patience", self.patience)
+        self.kvsname = job.get("kvsname")
         specs = []
         for d in job["procs"]:
             spec = spec_from_dict(d)
@@ -113,6 +115,10 @@ class Agent:
                 self.ranks.kill()
                 self.ranks.close(self.sel)
             watchdog.close()
+            if self.kvsname:
+                from trainrun.pmi import remove_shm_segments
+
+                remove_shm_segments(self.kvsname)
         return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun import log
-from trainrun.pmi import PmiJob, PmiServer, new_kvsname, process_mapping, remove_shm_segments
+from trainrun.pmi import PmiJob, PmiServer, kvsname_for, process_mapping, remove_shm_segments
 from trainrun.plan import LaunchPlan
 
 
@@ -27,7 +27,7 @@ class WorldProblem:
 class MpiWorld:
     def __init__(self, plan: LaunchPlan, start_timeout: float):
         counts = [len(procs) for procs in plan.by_host().values()]
-        self.job = PmiJob(len(plan.procs), new_kvsname(plan.job.job_id), process_mapping(counts))
+        self.job = PmiJob(len(plan.procs), kvsname_for(plan.job.job_id), process_mapping(counts))
         self.server = PmiServer(self.job)
         self.start_timeout = start_timeout
         self.initialized: set[int] = set()

@@ -263,14 +263,15 @@ def process_mapping(ranks_per_node: list[int]) -> str:
     return "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
 
 
-def new_kvsname(job_id: str) -> str:
-    """A KVS name unique per job: `trainrun_<job id>_<random hex>`.
+def kvsname_for(job_id: str) -> str:
+    """The job's KVS name, `trainrun_<job id>`: every host derives it from the job id, so each agent can
+    remove the job's shared-memory segments on its own host.
 
     Uniqueness matters: MPICH names its shared-memory segments after the KVS name, and a segment left by
-    a killed job with the same name breaks the next one. Characters outside `[A-Za-z0-9_.-]` become `_`.
+    a killed job with the same name breaks the next one; job ids are random (48 bits). Characters outside
+    `[A-Za-z0-9_.-]` become `_`.
     """
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
-    return f"trainrun_{safe}_{os.urandom(6).hex()}"
+    return "trainrun_" + re.sub(r"[^A-Za-z0-9_.-]", "_", job_id)[:64]
 
 
 def world_id(kvsname: str) -> int:

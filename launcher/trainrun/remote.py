@@ -51,6 +51,10 @@ class AgentRanks:
         for p in procs:
             p["env"] = {**env, **p["env"]}
         self._job = {"procs": procs, "pmi": pmi, "python": python, "patience": AGENT_PATIENCE * heartbeat_timeout}
+        if pmi and specs:
+            from trainrun.pmi import kvsname_for
+
+            self._job["kvsname"] = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
 
     def start(self, sel: selectors.BaseSelector, watchdog) -> None:
         self._last_heard = time.monotonic()

@@ -100,3 +100,24 @@ def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
     pid = started[0]["0"]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_the_agent_removes_its_hosts_shm_segments(tmp_path):
+    """On a remote host only the agent can remove what a killed MPI job left in /dev/shm there."""
+    from trainrun import pmi
+    from trainrun.plan import spec_to_dict
+
+    kvsname = pmi.kvsname_for(f"agenttest{os.getpid()}")
+    segment = f"/dev/shm/mpich_shm_{pmi.world_id(kvsname):x}_1"
+    code = f"open({segment!r}, 'w').write('left by a killed rank')"
+    plan = build_plan(assign_ranks([HostSpec("far", 1)], 1), JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", code),
+                      str(tmp_path), {})
+    agent = local_agent("far")
+    agent.link.write(wire.json_frame(wire.JOB, {"procs": [spec_to_dict(plan.procs[0])], "pmi": True, "python": "",
+                                                "kvsname": kvsname}))
+    try:
+        assert agent.link.proc.wait(30) == 0
+        assert not os.path.exists(segment)
+    finally:
+        if os.path.exists(segment):
+            os.unlink(segment)

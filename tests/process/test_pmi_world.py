@@ -42,7 +42,7 @@ class World:
 
     def __init__(self, program, ranks_per_node):
         size = sum(ranks_per_node)
-        self.kvsname = pmi.new_kvsname("test")
+        self.kvsname = pmi.kvsname_for(f"test-{os.urandom(6).hex()}")
         self.server = pmi.PmiServer(pmi.PmiJob(size, self.kvsname, pmi.process_mapping(ranks_per_node)))
         self.procs, self.socks = [], {}
         self.initialized, self.finalized, self.errors, self.aborted = set(), set(), [], None

@@ -154,12 +154,10 @@ def test_process_mapping_rejects_empty_nodes(bad):
         pmi.process_mapping(bad)
 
 
-def test_kvsname_is_unique_and_a_valid_token():
-    names = {pmi.new_kvsname("job 1/x") for _ in range(50)}
-    assert len(names) == 50
-    for name in names:
-        assert name.startswith("trainrun_job_1_x_")
-        pmi.PmiJob(size=1, kvsname=name, process_mapping="(vector,(0,1,1))")
+def test_kvsname_derives_from_the_job_id_as_a_valid_token():
+    assert pmi.kvsname_for("job 1/x") == "trainrun_job_1_x" == pmi.kvsname_for("job 1/x")
+    assert pmi.kvsname_for("a") != pmi.kvsname_for("b")
+    pmi.PmiJob(size=1, kvsname=pmi.kvsname_for("job 1/x"), process_mapping="(vector,(0,1,1))")
 
 
 def test_world_id_is_mpich_fnv1a():
