@@ -20,6 +20,18 @@ import pytest
 PR_SET_CHILD_SUBREAPER = 36
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_nic_cache(tmp_path_factory):
+    """Launches in tests cache their NIC choice in a temporary directory, not in ~/.cache/trainrun."""
+    old = os.environ.get("TRAINRUN_CACHE_DIR")
+    os.environ["TRAINRUN_CACHE_DIR"] = str(tmp_path_factory.mktemp("nic-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRAINRUN_CACHE_DIR", None)
+    else:
+        os.environ["TRAINRUN_CACHE_DIR"] = old
+
+
 def _become_subreaper() -> None:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
