@@ -1,6 +1,7 @@
-"""Collect what `trainrun --check` reports: every host's facts (in parallel, one SSH connection each),
-the cross-host NIC probe, then the rank plan; checks.py judges and renders. Also the NIC choice that
-a multi-host launch uses (cached per host set for CACHE_TTL seconds).
+"""Collect what `trainrun --check` reports: every host's facts (in parallel, one SSH connection each;
+with several hosts the same remote process then serves the NIC probe), the probe round, then the rank
+plan; checks.py judges and renders. Also the NIC choice that a multi-host launch uses (cached per host
+set for CACHE_TTL seconds).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from trainrun.checks import CheckReport, HostCheck, evaluate
 from trainrun.errors import HostError, UsageError
@@ -21,26 +23,51 @@ CACHE_TTL = 3600.0
 CACHE_DIR = os.path.expanduser(os.environ.get("TRAINRUN_CACHE_DIR", "~/.cache/trainrun"))
 
 
-def _remote_facts(host: HostSpec, opts, python: str, timeout: float):
-    """(HostCheck, client or None) for one remote host."""
-    from trainrun import ssh
+@dataclass(frozen=True)
+class ProbeServer:
+    """A host's probe server, started with its facts (`python -m trainrun.facts serve HOST NONCE`): the
+    channel it runs on (closing it ends the server), its first line less the facts, and its nonce."""
+
+    channel: object
+    table: dict
+    nonce: str
+
+
+def _remote_facts(host: HostSpec, opts, python: str, timeout: float, serve: bool = False):
+    """(HostCheck, client or None, ProbeServer or None) for one remote host. With `serve`, the facts come
+    from a probe server started in the same remote process, left running for the probe round."""
+    from trainrun import ssh  # before paramiko: ssh.py imports it without `invoke` (faster)
     from trainrun.remote import python_module_command
+
+    import paramiko
 
     try:
         client = ssh.connect(str(host), opts)
     except HostError as err:
-        return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})" if err.hint else err.message), None
+        return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})" if err.hint else err.message), None, None
+    nonce = os.urandom(8).hex() if serve else None
     try:
-        _, out, err = client.exec_command(python_module_command(python, "trainrun.facts"), timeout=timeout)
-        text = out.read().decode()
-        status = out.channel.recv_exit_status()
-        if status != 0:
-            last = (err.read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-            hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
-            return HostCheck(host.name, host.slots, "facts", f"{last}{hint}"), client
-        return HostCheck(host.name, host.slots, facts=json.loads(text)), client
-    except (OSError, ValueError) as exc:
-        return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), client
+        command = python_module_command(python, "trainrun.facts", *(["serve", host.name, nonce] if serve else []))
+        # A bare channel, not exec_command: its stdin file would send EOF (ending the server) when collected.
+        ch = client.get_transport().open_session(timeout=timeout)
+        ch.settimeout(timeout)
+        ch.exec_command(command)
+        out = ch.makefile("rb")
+        text = (out.readline() if serve else out.read()).decode()
+        if not serve or not text:  # a server that printed nothing has exited: its status and stderr say why
+            status = ch.recv_exit_status()
+            if status != 0 or not text:
+                last = (ch.makefile_stderr("rb").read().decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+                hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
+                ch.close()
+                return HostCheck(host.name, host.slots, "facts", f"{last}{hint}"), client, None
+        doc = json.loads(text)
+        if not serve:
+            return HostCheck(host.name, host.slots, facts=doc), client, None
+        facts = doc.pop("facts")
+        return HostCheck(host.name, host.slots, facts=facts), client, ProbeServer(ch, doc, nonce)
+    except (OSError, EOFError, ValueError, KeyError, paramiko.SSHException) as exc:
+        return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), client, None
 
 
 def _local_facts(host: HostSpec, timeout: float) -> HostCheck:
@@ -56,38 +83,46 @@ def _progress(done: int, total: int) -> None:
         sys.stderr.flush()
 
 
-def collect_hosts(hosts: list[HostSpec], cfg) -> tuple[list[HostCheck], dict]:
-    """Every host's HostCheck (in the given order) and the SSH clients of the reached remote hosts."""
+def collect_hosts(hosts: list[HostSpec], cfg, serve: bool = False) -> tuple[list[HostCheck], dict, dict]:
+    """Every host's HostCheck (in the given order), the SSH clients of the reached remote hosts and, with
+    `serve`, their running probe servers ({host: ProbeServer}; the caller closes their channels)."""
     from trainrun.remote import ssh_options
 
     python = cfg.python or sys.executable
     opts = ssh_options(cfg) if any(not h.is_local for h in hosts) else None
     results: dict[str, HostCheck] = {}
-    clients = {}
+    clients, servers = {}, {}
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(hosts)))) as pool:
         futures = {
             pool.submit(_local_facts, h, cfg.ssh_timeout + 30) if h.is_local
-            else pool.submit(_remote_facts, h, opts, python, cfg.ssh_timeout + 30): h for h in hosts
+            else pool.submit(_remote_facts, h, opts, python, cfg.ssh_timeout + 30, serve): h for h in hosts
         }
         _progress(0, len(hosts))
         for n, fut in enumerate(futures, 1):
             h = futures[fut]
             got = fut.result()
             if isinstance(got, tuple):
-                got, client = got
+                got, client, server = got
                 if client is not None:
                     clients[h.name] = client
+                if server is not None:
+                    servers[h.name] = server
             results[h.name] = got
             _progress(n, len(hosts))
-    return [results[h.name] for h in hosts], clients
+    return [results[h.name] for h in hosts], clients, servers
 
 
-def probe_nics(clients: dict, python, include_excluded: bool = False):
+def probe_nics(clients: dict, python, include_excluded: bool = False, servers: dict | None = None):
     """(routable NICs as nics.RoutableNic, per-host reports, failure lines) via the probe over `clients`;
-    `python`: each host's interpreter ({host: path}, from its facts) or one path for all."""
+    `python`: each host's interpreter ({host: path}, from its facts) or one path for all. With `servers`
+    ({host: ProbeServer}, one per client, running) only the probe round runs; they stay the caller's to close."""
     from trainrun import nics
 
-    result = nics.probe_hosts(clients, python)
+    if servers is not None:
+        result = nics.probe_served(clients, python, {h: s.table for h, s in servers.items()},
+                                   {h: s.nonce for h, s in servers.items()})
+    else:
+        result = nics.probe_hosts(clients, python)
     return result.routable(include_excluded), result.reports, result.failures()
 
 
@@ -134,15 +169,15 @@ def run_check(cfg) -> CheckReport:
         counts = ranks_per_host(hosts, np, cfg.oversubscribe)
     except UsageError as err:  # e.g. -np above the slots: a problem to report; the hosts are still checked
         counts, problems = [0] * len(hosts), [str(err)]
-    checks, clients = collect_hosts(hosts, cfg)
+    need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
+    checks, clients, servers = collect_hosts(hosts, cfg, serve=need_nic)
     try:
         routable, reports, failures = [], {}, []
         reached = [c for c in checks if c.ok]
-        need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
         if need_nic and len(reached) == len(hosts) and len(clients) == len(hosts):
             try:
                 pythons = {c.host: c.facts["python"] for c in checks}
-                routable, reports, failures = probe_nics(clients, pythons)
+                routable, reports, failures = probe_nics(clients, pythons, servers=servers)
             except HostError as err:
                 problems.append(str(err))
         elif need_nic and len(clients) < len(hosts) and len(reached) == len(hosts):
@@ -168,6 +203,8 @@ def run_check(cfg) -> CheckReport:
             save_nic_choice(hosts, cfg, nic_names)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings)
     finally:
+        for s in servers.values():
+            s.channel.close()
         for c in clients.values():
             c.close()
 

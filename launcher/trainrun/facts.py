@@ -36,10 +36,14 @@ def launch_facts(with_nics: bool = False) -> dict:
 
 
 def mpi_facts() -> dict:
-    """Which MPI the ranks would use here (imports mpi4py: only for --check)."""
+    """Which MPI the ranks would use here (imports mpi4py: only for --check). MPI is not initialized:
+    MPI_Get_library_version needs no MPI_Init, and a singleton world would leave a /dev/shm segment
+    behind when this process ends without MPI_Finalize (the probe server ends with os._exit)."""
     try:
-        from mpi4py import MPI  # noqa: F401  (library loaded lazily; Get_library_version loads it)
         import mpi4py
+
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
+        from mpi4py import MPI
 
         version = MPI.Get_library_version().splitlines()[0].strip()
         return {"mpi4py": mpi4py.__version__, "mpi": version, "vendor": MPI.get_vendor()[0]}
@@ -77,7 +81,23 @@ def _distro() -> str:
     return ""
 
 
-if __name__ == "__main__":  # `python -m trainrun.facts`: what --check runs on every host
+def main(argv: list[str]) -> int:
+    """`python -m trainrun.facts`: print check_facts() as JSON. `python -m trainrun.facts serve HOST NONCE`:
+    also serve the NIC probe (nics.serve, with the facts as "facts" on its first line) until stdin closes,
+    so `--check` needs one remote process per host before the probe round, not two."""
     import json
 
-    print(json.dumps(check_facts()))
+    if not argv:
+        print(json.dumps(check_facts()))
+        return 0
+    if len(argv) == 3 and argv[0] == "serve":
+        from trainrun.nics import serve
+
+        serve(argv[1], argv[2], extra={"facts": check_facts()})
+        return 0
+    print("usage: python -m trainrun.facts [serve HOST NONCE]", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":  # what --check runs on every host
+    sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,9 @@ IPv4 address of each up, non-loopback NIC and answers every connection with "HOS
 runs `python -m trainrun.nics probe`, which connects to every listening address of every other host and
 reports who answered. A NIC counts only if every ordered pair of hosts got the expected identity back: an
 address that is the same on every host (docker0's 172.17.0.1) reaches the prober's own machine, and a subnet
-that exists everywhere may still not be connected (a NIC on another switch).
+that exists everywhere may still not be connected (a NIC on another switch). `trainrun --check` starts its
+servers as `python -m trainrun.facts serve HOST NONCE`, whose first line also carries the host's facts (one
+remote process per host before the probe round), then runs only the probe round (probe_served).
 
     python -m trainrun.nics list              this host's NICs as JSON
     python -m trainrun.nics serve HOST NONCE  (probe server) one JSON line, then serve until stdin closes
@@ -146,36 +148,31 @@ class ProbeResult:
 def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str | Mapping[str, str], timeout: float = 10.0) -> ProbeResult:
     """Run the probe on every host over its SSH client. `python` (one path, or one per host, e.g. what each
     host's facts reported) must have trainrun installed there.
-    Every host serves, then all probe at once; servers end when their channel closes, which this function
-    does before it returns or raises. Raises HostsError (stage "probe") naming each host that failed."""
-    import paramiko
-
-    from trainrun.ssh import remote_command
-
+    Every host serves, then all probe at once (probe_served); servers end when their channel closes, which
+    this function does before it returns or raises. Raises HostsError (stage "probe") naming each host that failed."""
     nonces = {h: secrets.token_hex(8) for h in clients}
     channels = []
-
-    def start(host: str, argv: list[str]):
-        try:
-            ch = clients[host].get_transport().open_session(timeout=timeout)
-            channels.append(ch)
-            ch.settimeout(timeout)
-            exe = python if isinstance(python, str) else python[host]
-            ch.exec_command(remote_command([exe, "-m", "trainrun.nics", *argv]))
-            return ch
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            raise HostsError([HostError(host, "probe", f"cannot start the NIC probe: {e or type(e).__name__}",
-                                        hint="the SSH connection was lost")]) from None
-
     try:
-        servers = {h: start(h, ["serve", h, nonces[h]]) for h in clients}
+        servers = {h: _start(clients[h], h, python, ["serve", h, nonces[h]], timeout, channels) for h in clients}
         tables = _gather(servers, lambda ch: ch.makefile("rb").readline())
+        return probe_served(clients, python, tables, nonces, timeout)
+    finally:
+        for ch in channels:
+            ch.close()
+
+
+def probe_served(clients: Mapping[str, paramiko.SSHClient], python: str | Mapping[str, str],
+                 tables: Mapping[str, dict], nonces: Mapping[str, str], timeout: float = 10.0) -> ProbeResult:
+    """The probe round alone, for hosts that already run a probe server (`python -m trainrun.nics serve` or
+    `python -m trainrun.facts serve`): `tables` holds each server's first line, `nonces` the nonce it was
+    started with. Every host probes all others at once; the servers are the caller's to close, after this
+    returns. Raises HostsError (stage "probe") naming each host whose prober failed."""
+    channels = []
+    try:
         probers = {}
         for h in clients:
-            targets = [[d, name, addr, port, f"{d} {nonces[d]}"]
-                       for d, t in tables.items() if d != h for name, addr, port in t["listen"]]
-            probers[h] = ch = start(h, ["probe"])
-            ch.sendall(json.dumps({"targets": targets, "timeout": min(timeout, 2.0)}).encode())
+            probers[h] = ch = _start(clients[h], h, python, ["probe"], timeout, channels)
+            ch.sendall(json.dumps({"targets": probe_targets(tables, nonces, h), "timeout": min(timeout, 2.0)}).encode())
             ch.shutdown_write()
         results = _gather(probers, lambda ch: ch.makefile("rb").read())
     finally:
@@ -184,6 +181,32 @@ def probe_hosts(clients: Mapping[str, paramiko.SSHClient], python: str | Mapping
     reports = {h: tuple(Nic.from_json(n) for n in t["nics"]) for h, t in tables.items()}
     reach = {(src, d, n, a): why for src, rows in results.items() for d, n, a, why in rows["results"]}
     return ProbeResult(reports, reach)
+
+
+def probe_targets(tables: Mapping[str, dict], nonces: Mapping[str, str], prober: str) -> list[list]:
+    """What `prober` connects to: [host, nic, addr, port, expected identity] for every listening address of
+    every other host (`tables`: each server's first line). Pure."""
+    return [[d, name, addr, port, f"{d} {nonces[d]}"]
+            for d, t in tables.items() if d != prober for name, addr, port in t["listen"]]
+
+
+def _start(client: paramiko.SSHClient, host: str, python: str | Mapping[str, str], argv: list[str],
+           timeout: float, channels: list):
+    """A channel running `python -m trainrun.nics ARGV` on `host` (appended to `channels`, for the caller to close)."""
+    import paramiko
+
+    from trainrun.ssh import remote_command
+
+    try:
+        ch = client.get_transport().open_session(timeout=timeout)
+        channels.append(ch)
+        ch.settimeout(timeout)
+        exe = python if isinstance(python, str) else python[host]
+        ch.exec_command(remote_command([exe, "-m", "trainrun.nics", *argv]))
+        return ch
+    except (OSError, EOFError, paramiko.SSHException) as e:
+        raise HostsError([HostError(host, "probe", f"cannot start the NIC probe: {e or type(e).__name__}",
+                                    hint="the SSH connection was lost")]) from None
 
 
 def _gather(channels: dict, read) -> dict:
@@ -203,9 +226,10 @@ def _gather(channels: dict, read) -> dict:
     return out
 
 
-def serve(host: str, nonce: str, lifetime: float = 600.0) -> None:
-    """Probe server: print {"host", "nics", "listen": [[nic, addr, port]...]} as one line, then answer every
-    connection with "HOST NONCE" until stdin reaches EOF (the SSH channel closed) or `lifetime` seconds."""
+def serve(host: str, nonce: str, lifetime: float = 600.0, extra: dict | None = None) -> None:
+    """Probe server: print {"host", "nics", "listen": [[nic, addr, port]...], **extra} as one line, then answer
+    every connection with "HOST NONCE" until stdin reaches EOF (the SSH channel closed) or `lifetime` seconds.
+    `extra` rides on that line (`python -m trainrun.facts serve` puts the host's check facts there)."""
     nics = local_nics()
     sel = selectors.DefaultSelector()
     listen = []
@@ -222,7 +246,7 @@ def serve(host: str, nonce: str, lifetime: float = 600.0) -> None:
             s.listen(64)
             sel.register(s, selectors.EVENT_READ)
             listen.append([nic.name, str(a.ip), s.getsockname()[1]])
-    print(json.dumps({"host": host, "nics": [n.to_json() for n in nics], "listen": listen}), flush=True)
+    print(json.dumps({"host": host, "nics": [n.to_json() for n in nics], "listen": listen, **(extra or {})}), flush=True)
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), os._exit(0)), daemon=True).start()
     timer = threading.Timer(lifetime, os._exit, (0,))
     timer.daemon = True

@@ -177,13 +177,13 @@ def local_agent(host: str, timeout: float = 30.0) -> AgentRanks:
     return read_hello(PipeLink(host, [sys.executable, "-m", "trainrun.agent"]), timeout)
 
 
-def python_module_command(python: str, module: str) -> str:
-    """The shell line that runs `python -m module` on a host: the requested interpreter if it exists
-    there, else python3 (the --python rule)."""
+def python_module_command(python: str, module: str, *args: str) -> str:
+    """The shell line that runs `python -m module args...` on a host: the requested interpreter if it
+    exists there, else python3 (the --python rule)."""
     from trainrun.ssh import remote_command
 
     pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
-    return remote_command(["sh", "-c", pick, "trainrun", python, module])
+    return remote_command(["sh", "-c", pick, "trainrun", python, module, *args])
 
 
 def agent_command(python: str) -> str:

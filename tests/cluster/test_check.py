@@ -3,6 +3,7 @@ stage named with its host and a non-zero exit."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,7 +16,11 @@ def check(cluster, *args, cwd, config=None):
 
 
 def test_check_passes_and_finds_the_routable_nics(cluster, tmp_path):
+    import glob
+
+    shm_before = set(glob.glob("/dev/shm/*"))  # the hosts share this tmpfs: --check must leave nothing there
     r = check(cluster, "--hostfile", str(cluster.hostfile), "--no-cache", cwd=tmp_path)
+    assert set(glob.glob("/dev/shm/*")) - shm_before == set()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "routable between all hosts: eth0, eth1" in r.stdout
     assert "verdict: OK, 6 rank(s) on 3 host(s) can run" in r.stdout
@@ -29,6 +34,30 @@ def test_check_passes_and_finds_the_routable_nics(cluster, tmp_path):
     assert [h["facts"]["hostname"] for h in doc["hosts"]] == ["h1", "h2", "h3"]
     assert all(h["facts"]["vendor"] == "MPICH" and h["facts"]["cpus"] >= 1 for h in doc["hosts"])
     assert len(doc["ranks"]) == 6
+    no_probe_server_left()
+
+
+def no_probe_server_left():
+    deadline = time.monotonic() + 5
+    while subprocess.run(["pgrep", "-f", "trainrun.facts serve h"], capture_output=True).stdout:
+        assert time.monotonic() < deadline, "the probe servers --check started must end with it"
+        time.sleep(0.05)
+
+
+def test_one_host_needs_no_probe(cluster, tmp_path):
+    r = check(cluster, "-H", "h2:2", "--json", cwd=tmp_path)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"], r.stdout + r.stderr
+    assert doc["hosts"][0]["facts"]["hostname"] == "h2" and doc["nic_table"] == [] and len(doc["ranks"]) == 2
+
+
+def test_missing_trainrun_is_named_at_the_facts_stage(cluster, tmp_path):
+    r = check(cluster, "--hostfile", str(cluster.hostfile), "--python", "/usr/bin/python3", cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED
+    for h in ("h1", "h2", "h3"):
+        assert any(line.startswith(f"problem: {h}: facts: ") and "No module named 'trainrun'" in line
+                   and line.endswith("(install trainrun there, or pass --python)") for line in r.stdout.splitlines()), r.stdout
+    assert "Network interfaces" not in r.stdout and "Traceback" not in r.stderr
 
 
 def test_launch_exports_the_probed_nics(cluster, tmp_path):
@@ -58,6 +87,7 @@ def test_stopped_sshd_names_the_host(cluster, tmp_path):
     assert r.returncode == CHECK_FAILED
     assert "problem: h2: tcp: connection to 10.241.0.3:22 refused" in r.stdout
     assert "h1 " in r.stdout and "FAILED at tcp" in r.stdout and "Traceback" not in r.stderr
+    no_probe_server_left()  # h1 and h3 served: their servers end with the check
 
 
 def test_wrong_port_names_every_host(cluster, tmp_path):

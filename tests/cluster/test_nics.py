@@ -1,5 +1,7 @@
 """The cross-host NIC probe over SSH: eth0 and eth1 connect all hosts; docker0 (same IP everywhere) and
 eth2 (only on h2, attached to nothing) do not."""
+import json
+import socket
 import subprocess
 import sys
 import time
@@ -7,8 +9,8 @@ import time
 import pytest
 
 from trainrun.errors import HostsError
-from trainrun.nics import probe_hosts
-from trainrun.ssh import SSHOptions, connect_all
+from trainrun.nics import probe_hosts, probe_served
+from trainrun.ssh import SSHOptions, connect_all, remote_command
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +29,39 @@ def test_probe_finds_eth0_and_eth1(clients, cluster):
     assert result.reach[("h1", "h2", "eth1", cluster.host(2).data_ip)] == "ok"
     assert result.reach[("h1", "h2", "eth2", "10.243.0.3")] != "ok"
     assert result.reach[("h3", "h1", "docker0", "172.17.0.1")] != "ok"
+    servers_end("trainrun.nics serve h")
+
+
+def servers_end(pattern):
     deadline = time.monotonic() + 5
-    while subprocess.run(["pgrep", "-f", "trainrun.nics serve h"], capture_output=True).stdout:
+    while subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout:
         assert time.monotonic() < deadline, "probe servers must end with their channel"
         time.sleep(0.05)
+
+
+def test_facts_server_reports_facts_then_serves_the_probe(clients, cluster):
+    """`python -m trainrun.facts serve` (what --check starts): facts on the first line, then a probe server
+    that probe_served uses as it is; it ends when its channel closes."""
+    channels, tables = {}, {}
+    try:
+        for h, c in clients.items():
+            ch = channels[h] = c.get_transport().open_session()
+            ch.settimeout(30)
+            ch.exec_command(remote_command([sys.executable, "-m", "trainrun.facts", "serve", h, f"nonce-{h}"]))
+        for h, ch in channels.items():
+            tables[h] = json.loads(ch.makefile("rb").readline())
+        facts = tables["h2"].pop("facts")
+        assert facts["hostname"] == "h2" and facts["vendor"] == "MPICH" and facts["nics"] == tables["h2"]["nics"]
+        addr, port = next((a, p) for n, a, p in tables["h2"]["listen"] if n == "eth0")
+        with socket.create_connection((addr, port), timeout=5) as s:
+            assert s.makefile("rb").readline() == b"h2 nonce-h2\n"
+        result = probe_served(clients, sys.executable, tables, {h: f"nonce-{h}" for h in clients})
+        assert [r.name for r in result.routable()] == ["eth0", "eth1"]
+        assert result.reach[("h3", "h2", "eth1", cluster.host(2).data_ip)] == "ok"
+    finally:
+        for ch in channels.values():
+            ch.close()
+    servers_end("trainrun.facts serve h")
 
 
 def test_probe_names_hosts_without_trainrun(clients):

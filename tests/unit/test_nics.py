@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from trainrun.nics import Nic, ProbeResult, RoutableNic, local_nics, probe, routable_nics
+from trainrun.nics import Nic, ProbeResult, RoutableNic, local_nics, probe, probe_targets, routable_nics
 
 H = ["h1", "h2", "h3"]
 
@@ -130,3 +130,14 @@ def test_cached_nics_must_still_be_up_everywhere():
     assert nics_present(["eth1"], {"a": [up], "b": [up]})
     assert not nics_present(["eth1"], {"a": [up], "b": [down]})
     assert not nics_present(["eth1", "ib0"], {"a": [up], "b": [up]})
+
+
+def test_probe_targets_are_every_other_hosts_listeners_with_their_identity():
+    tables = {"h1": {"listen": [["eth0", "10.1.0.2", 4000], ["eth1", "10.2.0.2", 4001]]},
+              "h2": {"listen": [["eth0", "10.1.0.3", 5000]]},
+              "h3": {"listen": []}}
+    nonces = {"h1": "n1", "h2": "n2", "h3": "n3"}
+    assert probe_targets(tables, nonces, "h1") == [["h2", "eth0", "10.1.0.3", 5000, "h2 n2"]]
+    assert probe_targets(tables, nonces, "h3") == [["h1", "eth0", "10.1.0.2", 4000, "h1 n1"],
+                                                   ["h1", "eth1", "10.2.0.2", 4001, "h1 n1"],
+                                                   ["h2", "eth0", "10.1.0.3", 5000, "h2 n2"]]
