@@ -70,11 +70,12 @@ def _remote_facts(host: HostSpec, opts, python: str, timeout: float, serve: bool
         return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), client, None
 
 
-def _local_facts(host: HostSpec, timeout: float) -> HostCheck:
+def _local_facts(host: HostSpec, timeout: float):
+    """(HostCheck, None, None) for this machine: the same shape as _remote_facts, no SSH, no server."""
     r = subprocess.run([sys.executable, "-m", "trainrun.facts"], capture_output=True, text=True, timeout=timeout)
     if r.returncode:
-        return HostCheck(host.name, host.slots, "facts", (r.stderr.strip().splitlines() or ["failed"])[-1], via="local")
-    return HostCheck(host.name, host.slots, facts=json.loads(r.stdout), via="local")
+        return HostCheck(host.name, host.slots, "facts", (r.stderr.strip().splitlines() or ["failed"])[-1], via="local"), None, None
+    return HostCheck(host.name, host.slots, facts=json.loads(r.stdout), via="local"), None, None
 
 
 def _progress(done: int, total: int) -> None:
@@ -100,14 +101,11 @@ def collect_hosts(hosts: list[HostSpec], cfg, serve: bool = False) -> tuple[list
         _progress(0, len(hosts))
         for n, fut in enumerate(futures, 1):
             h = futures[fut]
-            got = fut.result()
-            if isinstance(got, tuple):
-                got, client, server = got
-                if client is not None:
-                    clients[h.name] = client
-                if server is not None:
-                    servers[h.name] = server
-            results[h.name] = got
+            results[h.name], client, server = fut.result()
+            if client is not None:
+                clients[h.name] = client
+            if server is not None:
+                servers[h.name] = server
             _progress(n, len(hosts))
     return [results[h.name] for h in hosts], clients, servers
 
@@ -135,9 +133,12 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
         for nic in host_nics:
             if nic.name == "lo":
                 continue
-            verdict = "routable" if (host, nic.name) in chosen else ("down" if not nic.up else "not routable to all hosts")
-            if (host, nic.name) not in chosen and is_excluded(nic.name):
+            if (host, nic.name) in chosen:
+                verdict = "routable"
+            elif is_excluded(nic.name):
                 verdict = "excluded (container/VM bridge)"
+            else:
+                verdict = "not routable to all hosts" if nic.up else "down"
             rows.append((host, nic.name, ",".join(str(a) for a in nic.addresses) or "-", "up" if nic.up else "down",
                          f"{nic.speed} Mb/s" if nic.speed else "?", verdict))
     return rows

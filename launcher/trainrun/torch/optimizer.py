@@ -10,6 +10,7 @@ started when its last member's gradient is ready.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 
 import torch
@@ -32,8 +33,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if any(not isinstance(p, tuple) for p in named_parameters):
             raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
                              "usually produced by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({n for n in names if names.count(n) > 1})
+        dups = sorted(n for n, count in Counter(k for k, _ in named_parameters).items() if count > 1)
         if dups:
             raise ValueError("Parameter names in named_parameters must be unique. "
                              "Found duplicates: %s" % ", ".join(dups))
@@ -55,6 +55,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._groups = self._make_groups(groups)
         self._group_of = {p: g for g in self._groups for p in g}
+        self._group_names = {g: "grouped." + ".".join(sorted(self._parameter_names[p] for p in g)) for g in self._groups}
         self._group_ready: dict = {}
         if state.size() > 1:
             self._register_hooks()
@@ -101,8 +102,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = p.data.new(p.size()).zero_()
             pairs.append(self._compression.compress(p.grad))
         pre, post = self._scales()
-        name = "grouped." + ".".join(sorted(self._parameter_names[p] for p in params))
-        handle = grouped_allreduce_async_([t for t, _ in pairs], name=name, op=self.op,
+        handle = grouped_allreduce_async_([t for t, _ in pairs], name=self._group_names[params], op=self.op,
                                           prescale_factor=pre, postscale_factor=post)
         return handle, pairs
 
