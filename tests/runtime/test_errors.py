@@ -9,7 +9,7 @@ from tests.runtime.launch import WORKERS, check, run_cases, run_ranks
 
 CASES = ["shape_mismatch", "dtype_op_root_kind_mismatch", "mismatch_after_the_signature_was_cached",
          "still_works_after_errors",
-         "stall_names_missing_rank_and_tensor", "duplicate_name_in_flight"]
+         "stall_names_missing_rank_and_tensor", "stall_of_a_cached_op_names_missing_rank", "duplicate_name_in_flight"]
 
 
 @pytest.fixture(scope="module")

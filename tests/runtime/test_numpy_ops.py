@@ -8,7 +8,8 @@ CASES = ["topology", "allreduce_every_op_dtype_shape", "allreduce_scaling", "all
          "grouped_allreduce_shapes_dtypes_scales", "grouped_allreduce_while_a_rank_has_joined",
          "cached_signatures_in_different_orders", "allgather_ragged",
          "broadcast_from_every_root", "alltoall_with_and_without_splits", "reducescatter_uneven",
-         "objects_barrier", "join_contributes_zeros", "concurrent_threads", "argument_errors"]
+         "objects_barrier", "join_contributes_zeros", "lone_and_general_paths_mix", "concurrent_threads",
+         "argument_errors"]
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["np2", "np4"])

@@ -2,54 +2,63 @@
 
 Threads and ownership:
 - Any thread may `submit` Requests (gradient hooks do, in any order). Submission only queues.
-- Progress (announce, negotiate, run the MPI calls) happens in whichever thread holds `_drive`: the
-  background thread, or a caller blocked in `wait` -- that caller drives progress itself, so a lone
-  blocking op costs no thread hand-off (the background thread stands aside while someone waits).
-- Rank 0 also runs the Coordinator (negotiation.py). Every rank sends the metas of its new requests to
-  rank 0 as soon as it sees them; rank 0 answers with responses the moment a name is ready on every
-  rank (no fixed cycle), and every rank, rank 0 included, runs the responses in the order received.
-  Control messages use a private communicator with nonblocking sends, data a second one (backend).
-  Announcements are `[rank, item...]`; responses lists of response tuples (negotiation.py).
-- Response cache (as Horovod's): a lone allreduce that ran (one name, no join in effect) gives its
-  meta the next id, on every rank alike, since every rank runs the same responses in the same order.
-  From then on that signature travels as its int id both ways (no meta pickled, compared by identity
-  at the coordinator); a changed shape/dtype/op is a new meta, negotiated and checked in full, so
-  mismatch and stall errors fire as before. Every op still gets its round trip through rank 0: that
-  is what keeps ranks that issue ops in different orders matched.
-- The common cases have short paths: `run()` for a blocking call, `_execute` for a lone CPU
-  allreduce (Collectives.allreduce_one), groups (grouped_allreduce) as one entry and one reduction.
+- Progress happens in whichever thread holds `_drive`: the background thread, or a caller blocked
+  in `wait` -- that caller drives progress itself, so a blocking op costs no thread hand-off (the
+  background thread stands aside while someone waits).
+
+Agreement (Horovod's response cache, without its fixed cycle): ranks run *rounds* in lockstep, one
+after another, each a single small MPI_Iallreduce (rounds.py). In a round every rank contributes a
+bitmask of its ready ops whose signature (Request.meta) ran before -- each such signature has a
+response-cache id, the same on every rank -- plus flags; the AND says which ops every rank has
+(they run at once, in id order, small ones fused), the OR whether anyone needs a *negotiation
+phase*: ops the cache does not know (first use, changed shape/dtype/op, other kinds), join, abort,
+or rank 0's wish to match leftovers or check stalls. A phase gathers every rank's not yet announced
+ops to rank 0, whose Coordinator (negotiation.py) answers with responses -- ready ops, fused;
+mismatch and stall errors naming tensors and ranks -- broadcast to all and run in that order. Ops
+announced once stay with the coordinator until a response names them. Allreduce signatures that ran
+get the next cache ids, everywhere alike, since every rank runs the same rounds in the same order.
+So a repeated op costs one round (~2 us of MPI) before its data moves; ranks may issue ops in any
+order; a rank that issues a name with another shape/dtype/op sends a new signature, negotiated and
+checked in full, so mismatches and stalls are reported as on first use.
+- A rank posts rounds while it has anything outstanding; with nothing to do its background thread
+  still takes part every IDLE_S, so that phases (stall errors, abort) reach every rank and rank 0
+  can say which rank did not submit what. Ops ready on some ranks only for longer than a tick are
+  pulled into a phase, where the coordinator's stall clock runs.
 - Idle policy: a caller blocked in wait() keeps the driver lock and polls without yielding while it
   makes progress or for WAITER_SPIN_S after the last progress, then sleeps with growing delays up to
   MAX_SLEEP_S, letting other threads drive in between; the background thread yields the CPU after
-  BACKGROUND_SPIN_S; with nothing outstanding it sleeps until a submit (rank 0 wakes periodically for
-  stall checks).
+  BACKGROUND_SPIN_S.
 
 Failure: a mismatch or stall response fails the named handles on every rank that submitted them; an
 exception inside the engine fails every outstanding handle and closes the engine. `shutdown()` is
 collective (it waits for every rank's shutdown, or the stall timeout), fails whatever is left, writes the
 timeline and frees the communicators. `abort()` (a rank exiting after an unhandled exception) is not:
-it tells the coordinator, which makes every other rank fail everything outstanding at once.
+it flags its next round, and the phase that follows makes every other rank fail everything outstanding.
 """
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 import time
 
 from mpi4py import MPI
 
+from trainrun.runtime import rounds
 from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
+from trainrun.runtime.fusion import wire_dtype
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import GROUP, Handle, Request
 
-TAG_ANNOUNCE, TAG_RESPONSE = 1, 2
 # A caller blocked in wait() has nothing better to do than poll; the background thread shares the
 # core with the training loop (gradient hooks fire during backward), so it yields the CPU sooner.
 WAITER_SPIN_S, BACKGROUND_SPIN_S, MAX_SLEEP_S = 0.002, 0.0001, 0.0002
-CACHE_CAPACITY = 4096  # signatures remembered by the response cache (Horovod's default is 1024)
+IDLE_S = 0.005          # an idle rank takes part in a round at least this often (see above)
+CACHE_CAPACITY = 4096   # signatures remembered by the response cache (Horovod's default is 1024)
 _ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError}
 
 
@@ -79,7 +88,9 @@ class Engine:
         self._timeline_path = timeline_path
         self._timeline = tl.Timeline(rank, self._ctrl.bcast(time.time(), root=0)) if timeline_path else None
         self._coll = Collectives(self._backend, rank, size, self._timeline)
-        self._coord = Coordinator(size, fusion_threshold, stall_timeout) if rank == 0 else None
+        # ranks fuse cached ops themselves: they must agree on the threshold, so rank 0's counts
+        self._threshold = self._ctrl.bcast(fusion_threshold, root=0)
+        self._coord = Coordinator(size, self._threshold, stall_timeout) if rank == 0 else None
         self._tick = min(1.0, stall_timeout / 4)
 
         self._lock = threading.RLock()          # _cv's lock, taken directly on hot paths (C-level enter/exit)
@@ -90,16 +101,25 @@ class Engine:
         self._promised = 0                   # submit(caller_waits=True) not yet waiting (under _cv)
         self._closed = False                 # no more submits; driver stops             (under _cv)
         self._idle = False                   # the background thread waits on _cv        (under _cv)
+        self._abort_reason: str | None = None  # set by abort()                          (under _cv)
 
         self._drive = threading.Lock()
         self._done_cv = threading.Condition()    # waiters that sleep between polls; notified on completion
         self._sleepers = 0                       # (under _done_cv)
-        self._pending: dict[str, Request] = {}   # announced, waiting for a response   (driver only)
-        self._sends: list = []                   # nonblocking control sends in flight  (driver only)
+        # driver-only state: requests by stage, the round in flight, the response cache
+        self._fresh: list[Request] = []          # not announced, signature not cached
+        self._bycid: dict[int, Request] = {}     # not announced, cached: in every round's mask
+        self._mask = 0                           # bits of _bycid's ids
+        self._announced: dict[str, Request] = {}  # sent to the coordinator, waiting for a response
+        self._joining = False                    # this rank's join() is outstanding
+        self._abort_sent = False
+        self._inflight = None                    # (MPI request, send bytes, recv buffer, words) of the round
+        self._ids: dict[tuple, int] = {}         # response cache: meta -> id (same on every rank)
+        self._by_id: list[tuple] = []            # id -> meta
+        self._words = rounds.words(0)
+        self._alone_sends: dict[int, bytes] = {}  # cache id -> round contribution of that op alone
+        self._partial_since: float | None = None  # rank 0: since when some cached op is ready on some ranks only
         self._shutdown_ok = False
-        self._ids: dict[tuple, int] = {}         # response cache: meta -> id   (driver only; same on all ranks)
-        self._by_id: list[tuple] = []            # id -> meta                    (driver only)
-        self._cached: list[tuple] = []           # id -> its response            (driver only)
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
         self._thread.start()
@@ -157,19 +177,75 @@ class Engine:
             if self._timeline is not None:
                 req.submitted = self._timeline.now()
             self._names.add(req.name)
-            self._queue.append(req)
             self._drivers += 1
+            alone = len(self._names) == 1 and not self._queue and self._timeline is None
+            if not alone:
+                self._queue.append(req)
         handle = req.handle
         try:
-            self._drive_until(handle)
+            if alone and not self._alone(req):
+                with self._lock:
+                    self._queue.append(req)
+            if not handle.done:
+                self._drive_until(handle)
         finally:
             with self._lock:  # _cv's lock: notify_all below is allowed
+                if handle.done:  # (a failure discarded it already)
+                    self._names.discard(req.name)
                 self._drivers -= 1
                 if not self._drivers and (self._queue or self._names):
                     self._cv.notify_all()
         if handle.error is not None:
             raise handle.error
         return [handle.result]
+
+    def _alone(self, req: Request) -> bool:
+        """The lone blocking op with nothing else outstanding on this rank, cached signature: the
+        general steps (intake, post, test, agree, reduce, finish) inline, for the latency of a lone
+        small allreduce. Returns False, having done nothing, when it does not apply; True once `req`
+        is the driver's (done, or left in its round for the general loop)."""
+        if not self._drive.acquire(blocking=False):
+            return False
+        try:
+            cid = self._ids.get(req.meta())
+            if cid is None or self._inflight is not None or self._closed or self._abort_reason is not None \
+                    or self._fresh or self._bycid or self._announced or (self._coord is not None and self._wants_phase()):
+                return False
+            req.cid, bit, n = cid, 1 << cid, self._words
+            self._bycid[cid], self._mask = req, bit
+            send = self._alone_sends.get(cid)
+            if send is None or len(send) != 16 * n:
+                send = self._alone_sends[cid] = rounds.encode(0, bit, n)
+            recv = bytearray(16 * n)
+            request = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
+            inflight = self._inflight = (request, send, recv, n)
+            polls, deadline = 0, None
+            while not request.Test():  # spin as a blocking MPI call would; the general loop backs off
+                polls += 1
+                if not polls & 63:
+                    now = time.monotonic()
+                    deadline = deadline or now + WAITER_SPIN_S
+                    if now > deadline:
+                        return True
+            self._inflight = None
+            if recv != send:  # AND == OR == this op alone reduces to what this rank sent; else others have more
+                self._agreed(inflight)
+                return True
+            del self._bycid[cid]  # every rank has this op and nothing else: run it
+            self._mask = 0
+            self._partial_since = None
+            handle = req.handle  # finished here; run() removes its name from _names
+            handle.result = self._coll.allreduce_one(req) if req.device == "cpu" and req.splits is None \
+                else self._reduce([req.name], [req])[0]
+            handle.done = True
+            return True
+        except Exception as e:  # as in _progress
+            with self._cv:
+                self._closed = True
+            self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
+            return True
+        finally:
+            self._drive.release()
 
     def wait(self, handle: Handle):
         """Block until `handle` completes, driving progress meanwhile; return its result or raise its error."""
@@ -247,45 +323,32 @@ class Engine:
         self._thread.join()
         self._thread = None
         self._fail_all(HorovodInternalError("trainrun shut down before this operation completed"))
-        if self._shutdown_ok:  # every rank is here: safe to use collectives and free the communicators
+        if self._shutdown_ok:  # every rank is here, no round in flight: safe to use collectives and free
             if self._timeline is not None:
                 events = self._ctrl.gather(self._timeline.events, root=0)
                 if self.rank == 0:
                     tl.write(self._timeline_path, events)
-            MPI.Request.Waitall(self._sends)
             self._coll.close()
             self._backend.close()
             self._ctrl.Free()
 
     def abort(self, reason: str, grace_s: float = 1.0) -> None:
-        """Stop this rank without waiting for the others (it is exiting after an unhandled exception).
-
-        Tells the coordinator, which makes every other rank fail what it has outstanding at once
-        instead of stalling; waits at most about 3 x `grace_s` (engine thread, lock, message). Not
-        collective; the communicators are left to MPI_Finalize.
-        """
+        """Stop this rank without waiting for the others' collectives (it is exiting after an
+        unhandled exception). Its next round carries the ABORT flag; in the phase that follows the
+        coordinator makes every rank fail what it has outstanding at once, instead of stalling.
+        Not collective. If the others do not take part within ~3 x `grace_s` (hung), the process
+        exits at once (status 1): MPI_Finalize could otherwise wait forever on the round in flight."""
         if self._thread is None:
             return
         with self._cv:
-            self._closed = True
+            self._abort_reason = reason
             self._cv.notify_all()
-        self._thread.join(grace_s)
+        self._thread.join(3 * grace_s)
+        if self._thread.is_alive():
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(1)
         self._thread = None
-        if not self._drive.acquire(timeout=grace_s):  # a driver is stuck in a collective: just go
-            return
-        try:
-            meta = [Request("abort", reason).meta()]
-            if self._coord is not None:
-                self._coord.submit(0, meta)
-                self._sends += [self._ctrl.isend(self._coord.responses(), dest=d, tag=TAG_RESPONSE)
-                                for d in range(1, self.size)]
-            else:
-                self._sends.append(self._ctrl.isend([self.rank] + meta, dest=0, tag=TAG_ANNOUNCE))
-            deadline = time.monotonic() + grace_s
-            while not MPI.Request.Testall(self._sends) and time.monotonic() < deadline:
-                time.sleep(0.001)
-        finally:
-            self._drive.release()
         self._fail_all(HorovodInternalError(f"trainrun stopped on this rank: {reason}"))
 
     @property
@@ -294,22 +357,28 @@ class Engine:
         return self._coll.reductions
 
     # ---- the driver -------------------------------------------------------------------------
+    def _has_work(self) -> bool:
+        """Something outstanding on this rank (caller holds _cv)."""
+        return bool(self._queue or self._names or self._inflight is not None) or self._abort_reason is not None
+
     def _run(self) -> None:
         backoff = _Backoff(BACKGROUND_SPIN_S)
         while True:
+            idle_round = False
             with self._cv:
-                while not self._closed and (self._drivers or not (self._queue or self._names)):
+                while not self._closed and (self._drivers or not self._has_work()):
                     self._idle = True
-                    woken = self._cv.wait(self._tick)
+                    woken = self._cv.wait(IDLE_S if self.size > 1 else None)
                     self._idle = False
-                    if not woken and self._coord is not None and not self._drivers:
-                        break  # rank 0 idles, but still checks for stalls now and then
+                    if not woken and not self._drivers and not self._has_work():
+                        idle_round = True  # take part in a round: others may need this rank's answer
+                        break
                 if self._closed:
                     return
             if not self._drive.acquire(blocking=False):
                 continue
             try:
-                progressed = self._progress()
+                progressed = self._progress(idle_round)
             finally:
                 self._drive.release()
             if progressed:
@@ -325,7 +394,7 @@ class Engine:
                 os.sched_yield()
 
     def _complete(self, request) -> None:
-        """Wait for an MPI request of the running response: spinning while a caller waits on the
+        """Wait for an MPI request of a running collective: spinning while a caller waits on the
         engine, else (the background thread, overlapping the training loop) yielding the CPU between
         polls, so a late peer does not cost this rank's compute a core."""
         while not request.Test():
@@ -334,92 +403,185 @@ class Engine:
                 return
             os.sched_yield()
 
-    def _progress(self) -> bool:
-        """One round: announce new requests, (rank 0) negotiate, run responses. Caller holds _drive."""
+    def _progress(self, idle: bool = False) -> bool:
+        """One step: take in new requests, post or test the round, run what it agreed. Caller holds _drive."""
         try:
-            return self._round()
+            return self._step(idle)
         except Exception as e:  # MPI or internal failure: nothing can be trusted to complete any more
             with self._cv:
                 self._closed = True
             self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
             return True
 
-    def _round(self) -> bool:
-        """Announce, negotiate (rank 0), run. The hot path of every operation: kept free of per-poll
-        allocations and lock round-trips when there is nothing to do."""
+    def _step(self, idle: bool) -> bool:
+        """The hot path of every operation: kept free of allocations and lock round-trips when there
+        is nothing to do. Returns whether anything moved (a round that agreed nothing does not count)."""
         if self._closed:
             return False
         progressed = False
-        metas = None
         if self._queue:
-            with self._lock:
-                new, self._queue = self._queue, []
+            self._intake()
             progressed = True
-            pending, ids, by_id = self._pending, self._ids, self._by_id
-            metas, wire = [], [self.rank]
-            for r in new:
-                pending[r.name] = r
-                m = r.meta()
-                cid = r.cid = ids.get(m)  # the response cache: a signature run before travels as its id
-                if cid is None:
-                    metas.append(m)
-                    wire.append(m)
-                else:
-                    metas.append(by_id[cid])  # the cached object: compared by identity from now on
-                    wire.append(cid)
-            if self._coord is None:
-                self._sends.append(self._ctrl.isend(wire, dest=0, tag=TAG_ANNOUNCE))
-        if self._sends and MPI.Request.Testall(self._sends):
-            self._sends.clear()
+        inflight = self._inflight
+        if inflight is None:
+            if not (self._bycid or self._fresh or self._announced or idle) and self._abort_reason is None:
+                return progressed
+            inflight = self._post()
+        if not inflight[0].Test():
+            return progressed
+        self._inflight = None
+        return self._agreed(inflight) or progressed
+
+    def _intake(self) -> None:
+        with self._lock:
+            new, self._queue = self._queue, []
+        ids, bycid, mask = self._ids, self._bycid, self._mask
+        for r in new:
+            cid = r.cid = ids.get(r.meta())
+            if cid is None:
+                self._fresh.append(r)
+                if r.kind == "join":
+                    self._joining = True
+            else:
+                bycid[cid] = r
+                mask |= 1 << cid
+        self._mask = mask
+
+    def _post(self):
+        """Start this rank's next round (rounds.py) with what it has ready and needs."""
+        flags = 0
+        if self._fresh:
+            flags |= rounds.NEW
+        if self._joining:
+            flags |= rounds.JOINED
+        if self._abort_reason is not None and not self._abort_sent:
+            flags |= rounds.ABORT
+        if self._coord is not None and self._wants_phase():
+            flags |= rounds.PHASE
+        n = self._words
+        send = rounds.encode(flags, self._mask, n)
+        recv = bytearray(16 * n)
+        req = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
+        self._inflight = inflight = (req, send, recv, n)
+        return inflight
+
+    def _wants_phase(self) -> bool:
+        """Rank 0: a phase is due to match cached ops the coordinator holds elsewhere, to pull ops
+        that are ready on some ranks only for a tick (their stall clock starts there), or to check stalls."""
         coord = self._coord
-        if coord is not None:
-            # announcements that arrived earlier go first (join() reports the last rank to join)
-            by_id = self._by_id
-            while (msg := self._ctrl.improbe(source=MPI.ANY_SOURCE, tag=TAG_ANNOUNCE)) is not None:
-                src, *remote = msg.recv()
-                coord.submit(src, [by_id[m] if m.__class__ is int else m for m in remote])
-                progressed = True
-            if metas:
-                coord.submit(0, metas)
-            if coord.due():
-                responses = coord.responses()
-                if responses:
-                    wire = self._encode(responses)
-                    for dest in range(1, self.size):
-                        self._sends.append(self._ctrl.isend(wire, dest=dest, tag=TAG_RESPONSE))
-                    self._execute(responses)
-                    progressed = True
-        else:
-            while (msg := self._ctrl.improbe(source=0, tag=TAG_RESPONSE)) is not None:
-                cached = self._cached
-                self._execute([cached[r] if r.__class__ is int else r for r in msg.recv()])
-                progressed = True
-        return progressed
+        if self._partial_since is not None and (coord.pending() or time.monotonic() - self._partial_since >= self._tick):
+            return True
+        return coord.stall_check_due()
 
-    def _encode(self, responses: list[tuple]) -> list:
-        """Responses as sent: a cached allreduce (one name, no join, no error) as its id."""
-        pending = self._pending
-        out = []
-        for resp in responses:
-            if resp[0] == "allreduce" and resp[2] is None and len(resp[1]) == 1:
-                req = pending.get(resp[1][0])
-                if req is not None and req.cid is not None:
-                    resp = req.cid
-            out.append(resp)
-        return out
+    def _agreed(self, inflight) -> bool:
+        """Run what a completed round agreed: the cached ops every rank has (in id order), then, if
+        any rank asked for one, a negotiation phase."""
+        and_v, or_v = rounds.decode(inflight[2], inflight[3])
+        ready = and_v >> rounds.FLAG_BITS
+        if self._coord is not None:
+            partial = (or_v >> rounds.FLAG_BITS) & ~ready
+            if not partial:
+                self._partial_since = None
+            elif self._partial_since is None:
+                self._partial_since = time.monotonic()
+        if ready:
+            self._run_cached(ready)
+        if or_v & rounds.FLAG_MASK:
+            self._phase()
+            return True
+        return bool(ready)
 
-    def _remember(self, req: Request) -> None:
-        """Response cache: give a signature that just ran as a lone allreduce the next id. Every rank
-        runs the same responses in the same order, so ids agree without being sent."""
-        if req.cid is not None:
+    def _run_cached(self, ready: int) -> None:
+        """Run the cached ops of `ready` (every rank has them): in id order, small ones fused by
+        dtype/op/scales/device up to the fusion threshold -- decided from their metas alone, so the
+        same on every rank."""
+        self._mask &= ~ready
+        bycid = self._bycid
+        cids = rounds.ids(ready)
+        if len(cids) == 1:
+            req = bycid.pop(cids[0])
+            self._negotiated([req])
+            self._finish_reduced([req], self._reduce([req.name], [req]))
             return
-        meta = req.meta()
-        if meta not in self._ids and len(self._by_id) < CACHE_CAPACITY:
-            self._ids[meta] = len(self._by_id)
-            self._by_id.append(meta)
-            self._cached.append(("allreduce", [req.name], None, None))
+        reqs = [bycid.pop(c) for c in cids]
+        self._negotiated(reqs)
+        batches: dict[tuple, list] = {}  # fusion key -> [[requests], bytes]
+        for r in reqs:
+            if r.splits == GROUP:
+                self._finish_reduced([r], self._reduce([r.name], [r]))
+                continue
+            key = (r.dtype, r.op, r.prescale, r.postscale, r.device)
+            nbytes = math.prod(r.shape) * wire_dtype(r.dtype).itemsize
+            batch = batches.get(key)
+            if batch is not None and batch[1] + nbytes > self._threshold:
+                self._finish_reduced(batch[0], self._reduce([b.name for b in batch[0]], batch[0]))
+                batch = None
+            if batch is None:
+                batch = batches[key] = [[], 0]
+            batch[0].append(r)
+            batch[1] += nbytes
+        for batch, _ in batches.values():
+            self._finish_reduced(batch, self._reduce([b.name for b in batch], batch))
+
+    def _reduce(self, names: list[str], reqs: list[Request]) -> list:
+        """One allreduce of `reqs` (every rank has them, no join in effect): results, one per request."""
+        req = reqs[0]
+        if req.splits == GROUP:
+            return [self._coll.allreduce_group(req, names, None)]
+        if req.device == "cpu":
+            if len(reqs) == 1 and self._timeline is None:
+                return [self._coll.allreduce_one(req)]
+            return self._coll.allreduce(names, reqs, None)
+        return self._coll.execute("allreduce", names, reqs, None)
+
+    def _negotiated(self, reqs: list[Request]) -> None:
+        if self._timeline is not None:
+            now = self._timeline.now()
+            for r in reqs:
+                if r is not None:
+                    self._timeline.span([r.name], "NEGOTIATE", r.submitted, now)
+
+    def _phase(self) -> None:
+        """Every rank announces all it has not announced yet (cached ops as their ids); rank 0's
+        coordinator answers; every rank runs the answer. Two blocking collectives: every rank is here."""
+        items = [r.meta() for r in self._fresh]
+        items += self._bycid
+        announced = self._announced
+        for r in self._fresh:
+            announced[r.name] = r
+        for r in self._bycid.values():
+            announced[r.name] = r
+        self._fresh, self._bycid, self._mask = [], {}, 0
+        if self._abort_reason is not None and not self._abort_sent:
+            items.append(Request("abort", self._abort_reason).meta())
+            self._abort_sent = True
+        gathered = self._ctrl.gather(items, root=0)
+        responses = None
+        if self._coord is not None:
+            by_id = self._by_id
+            for src, metas in enumerate(gathered):
+                if metas:
+                    self._coord.submit(src, [by_id[m] if m.__class__ is int else m for m in metas])
+            responses = self._coord.responses()
+        responses = self._ctrl.bcast(responses, root=0)
+        if responses:
+            self._execute(responses)
+
+    def _remember(self, reqs: list[Request]) -> None:
+        """Response cache: give the signatures of allreduces that just ran (no join in effect) the next
+        ids. Every rank runs the same responses in the same order, so ids agree without being sent."""
+        ids, by_id = self._ids, self._by_id
+        for r in reqs:
+            if r.cid is None and len(by_id) < CACHE_CAPACITY:
+                m = r.meta()
+                if m not in ids:
+                    ids[m] = len(by_id)
+                    by_id.append(m)
+        self._words = rounds.words(len(by_id))
 
     def _execute(self, responses: list[tuple]) -> None:
+        """Run a phase's responses (negotiation.py), in order."""
+        announced = self._announced
         for kind, names, info, error in responses:
             if kind == "abort":
                 with self._cv:
@@ -428,52 +590,46 @@ class Engine:
                     f"trainrun: {error[1]}; collectives cannot complete (trainrun is shut down on this rank)"))
                 return
             if error is not None:
-                failed = [self._pending.pop(n) for n, ranks in zip(names, info) if self.rank in ranks]
+                failed = [announced.pop(n) for n, ranks in zip(names, info) if self.rank in ranks]
                 self._finish(failed, [None] * len(failed), _ERRORS[error[0]](error[1]))
                 continue
-            if len(names) == 1:
-                req = self._pending.pop(names[0], None)
-                if kind == "allreduce" and info is None and req is not None and req.splits is None \
-                        and req.device == "cpu" and self._timeline is None:
-                    self._remember(req)  # the common case, in as few steps as possible
-                    self._finish_one(req, self._coll.allreduce_one(req))
+            reqs = [announced.pop(n, None) for n in names]
+            self._negotiated(reqs)
+            if kind == "allreduce":
+                req = reqs[0]
+                if info is None:  # no join in effect: every rank has every request
+                    self._remember(reqs)
+                    self._finish_reduced(reqs, self._reduce(names, reqs))
                     continue
-                reqs = [req]
-            else:
-                reqs = [self._pending.pop(n, None) for n in names]
-                req = None
-            if self._timeline is not None:
-                now = self._timeline.now()
-                for r in reqs:
-                    if r is not None:
-                        self._timeline.span([r.name], "NEGOTIATE", r.submitted, now)
-            if kind == "allreduce" and ((req is not None and req.splits == GROUP)
-                                        or (req is None and info is not None and len(info[5]) != len(names))):
-                # a group: one fused reduction (zeros for all its tensors on a rank that has joined)
-                results = [self._coll.allreduce_group(req, names, info)]
+                if (req is not None and req.splits == GROUP) or len(info[5]) != len(names):
+                    # a group: one fused reduction (zeros for all its tensors on a rank that has joined)
+                    results = [self._coll.allreduce_group(req, names, info)]
+                else:
+                    results = self._coll.execute(kind, names, reqs, info)
             else:
                 results = self._coll.execute(kind, names, reqs, info)
-            if kind == "shutdown":
-                self._shutdown_ok = True
-                with self._cv:
-                    self._closed = True
-            if req is not None:
-                if kind == "allreduce" and info is None:
-                    self._remember(req)
-                self._finish(reqs, results, None)
-            else:
-                done = [(r, res) for r, res in zip(reqs, results) if r is not None]
-                self._finish([r for r, _ in done], [res for _, res in done], None)
+                if kind == "join":
+                    self._joining = False
+                elif kind == "shutdown":
+                    self._shutdown_ok = True
+                    with self._cv:
+                        self._closed = True
+            done = [(r, res) for r, res in zip(reqs, results) if r is not None]
+            self._finish([r for r, _ in done], [res for _, res in done], None)
 
-    def _finish_one(self, req: Request, result) -> None:
-        handle = req.handle
-        handle.result = result
-        handle.done = True
-        with self._lock:
-            self._names.discard(req.name)
-        if self._sleepers:
-            with self._done_cv:
-                self._done_cv.notify_all()
+    def _finish_reduced(self, reqs: list[Request], results: list) -> None:
+        if len(reqs) == 1:  # the common case, in as few steps as possible
+            req = reqs[0]
+            handle = req.handle
+            handle.result = results[0]
+            handle.done = True
+            with self._lock:
+                self._names.discard(req.name)
+            if self._sleepers:
+                with self._done_cv:
+                    self._done_cv.notify_all()
+            return
+        self._finish(reqs, results, None)
 
     def _finish(self, reqs: list[Request], results: list, error: BaseException | None) -> None:
         for r, res in zip(reqs, results):
@@ -486,6 +642,8 @@ class Engine:
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cv:
-            left, self._queue = self._queue + list(self._pending.values()), []
-        self._pending.clear()
+            left, self._queue = self._queue, []
+        left += self._fresh + list(self._bycid.values()) + list(self._announced.values())
+        self._fresh, self._bycid, self._mask = [], {}, 0
+        self._announced.clear()
         self._finish(left, [None] * len(left), error)

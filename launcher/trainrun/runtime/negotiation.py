@@ -94,6 +94,10 @@ class Coordinator:
         return bool(self._ready or self._joined or self._aborted) or \
             (bool(self._first) and self._clock() >= self._next_stall_check)
 
+    def stall_check_due(self) -> bool:
+        """Some name waits on some ranks and the next stall check is due."""
+        return bool(self._first) and self._clock() >= self._next_stall_check
+
     def submit(self, rank: int, metas) -> None:
         now = None
         for m in metas:

@@ -45,9 +45,15 @@ def check_dim(kind: str, shape: tuple) -> None:
         raise ValueError(f"{kind} needs a tensor with at least one dimension, got a scalar")
 
 
+_OPS = frozenset((Average, Sum, Min, Max, Product))
+
+
 def allreduce(inp, out, shape, dtype, name, op, prescale, postscale) -> Request:
-    _check_reducible(dtype)
-    return Request("allreduce", name, inp, out, tuple(shape), dtype, check_op(op),
+    if dtype not in REDUCIBLE:
+        _check_reducible(dtype)
+    if op.__class__ is not int or op not in _OPS:
+        check_op(op)
+    return Request("allreduce", name, inp, out, shape if shape.__class__ is tuple else tuple(shape), dtype, op,
                    float(prescale), float(postscale))
 
 

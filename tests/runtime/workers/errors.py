@@ -75,6 +75,25 @@ def stall_names_missing_rank_and_tensor():
 
 
 @case
+def stall_of_a_cached_op_names_missing_rank():
+    """An op whose signature is cached (agreed by bitmask, not announced) that one rank never issues
+    is still reported with the missing rank, within the stall timeout plus a tick (test_errors
+    sets 1 s: a quarter-second tick)."""
+    for _ in range(2):
+        hvd.allreduce(np.ones(2), name="cached.stall")
+    if hvd.rank() == 0:
+        t0 = time.monotonic()
+        h = hvd.allreduce_async(np.ones(2), name="cached.stall")
+        msg = expect(hvd.StallError, lambda: hvd.synchronize(h), "cached.stall", "rank 1")
+        assert 1.0 <= time.monotonic() - t0 < 2.5, msg
+        time.sleep(3.0 - (time.monotonic() - t0))
+    else:
+        time.sleep(3.0)
+    hvd.barrier()
+    np.testing.assert_array_equal(hvd.allreduce(np.ones(2), name="cached.stall", op=hvd.Sum), np.full(2, hvd.size()))
+
+
+@case
 def duplicate_name_in_flight():
     h = hvd.allreduce_async(np.ones(2), name="dup")
     expect(ValueError, lambda: hvd.allreduce_async(np.ones(2), name="dup"), "dup")

@@ -275,6 +275,24 @@ def join_contributes_zeros():
 
 
 @case
+def lone_and_general_paths_mix():
+    """One rank's blocking ops take the engine's lone-op shortcut while another's, with other ops
+    outstanding, take the general path: they must still make the same MPI calls (a blocking call
+    on one rank against a nonblocking one on another deadlocks)."""
+    me, n = hvd.rank(), hvd.size()
+    x = np.empty(1000, np.float32)
+    hvd.allreduce_(x, name="mix.lone", op=hvd.Sum)  # cached from now on
+    h = hvd.allreduce_async(np.ones(3), name="mix.extra") if me % 2 else None
+    for i in range(30):
+        x[:] = me + i
+        hvd.allreduce_(x, name="mix.lone", op=hvd.Sum)
+        np.testing.assert_array_equal(x, np.full(1000, float(sum(range(n)) + n * i)))
+    if h is None:
+        h = hvd.allreduce_async(np.ones(3), name="mix.extra")
+    np.testing.assert_array_equal(hvd.synchronize(h), np.ones(3))
+
+
+@case
 def concurrent_threads():
     """Blocking ops from several threads at once, plus async ops from the main thread."""
     import threading
