@@ -99,8 +99,8 @@ def _grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, post
     Python work is kept to a minimum: it dominates for many small tensors)."""
     base = rq.auto_name("grouped_allreduce", name)
     arrays = list(map(np.asarray, tensors))
-    same_dtype = len(set(map(id, map(_DTYPE, arrays)))) == 1 or (  # one dtype object: the usual case
-        bool(arrays) and len(set(map(_DTYPE, arrays))) == 1)
+    dtypes = list(map(_DTYPE, arrays))
+    same_dtype = bool(dtypes) and dtypes.count(dtypes[0]) == len(dtypes)  # (count compares by identity first)
     if not same_dtype:  # mixed dtypes (or none): one request per tensor, announced together
         arrays = [_contiguous(a) for a in arrays]
         outs = [np.empty_like(a) for a in arrays]
