@@ -84,11 +84,13 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
     """allreduce into `tensor` itself (returned)."""
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
-        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (latency: see engine.run)
-            flat = tensor.reshape(-1)
-            state.engine().run([rq.allreduce(flat, flat, tensor.shape, dtype_name(tensor.dtype),
-                                             name if name.__class__ is str else rq.auto_name("allreduce", name),
-                                             op, prescale_factor, postscale_factor)])
+        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (Engine.allreduce_now)
+            flat, shape, dtype = tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype)
+            name = name if name.__class__ is str else rq.auto_name("allreduce", name)
+            engine = state.engine()
+            if prescale_factor == 1.0 and engine.allreduce_now(None, flat, shape, dtype, name, op, float(postscale_factor)):
+                return tensor
+            engine.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
             return tensor
     return run(_allreduce_(tensor, name, op, prescale_factor, postscale_factor))
 

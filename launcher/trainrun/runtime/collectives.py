@@ -89,14 +89,19 @@ class Collectives:
         """allreduce() of one CPU request with no join in effect: the common case, kept short."""
         if req.dtype in _WIRE or req.prescale != 1.0:
             return self.allreduce([req.name], [req], None)[0]
-        op, post, out = req.op, req.postscale, req.out
+        out = req.out
+        self.allreduce_arrays(None if out is req.inp else req.inp, out, req.op, req.postscale)
+        return out
+
+    def allreduce_arrays(self, send: np.ndarray | None, recv: np.ndarray, op: int, post: float, wait=None) -> None:
+        """recv = op over ranks of send (None: in place) times `post`, for arrays of a wire dtype
+        (`wait`: how to complete the MPI request, default the backend's)."""
         if op == Average:
             op, post = Sum, post / self.size
-        self.backend.allreduce(None if out is req.inp else req.inp, out, op)
+        self.backend.allreduce(send, recv, op, wait)
         self.reductions += 1
         if post != 1.0:
-            np.multiply(out, post, out=out, casting="unsafe")
-        return out
+            np.multiply(recv, post, out=recv, casting="unsafe")
 
     def allreduce_group(self, req: Request | None, names, joined_info):
         """One reduction of a group (ops.Request: inputs of any shape and layout, contiguous outputs);

@@ -50,7 +50,7 @@ from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
-from trainrun.runtime.fusion import wire_dtype
+from trainrun.runtime.fusion import _WIRE, wire_dtype
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import GROUP, Handle, Request
 
@@ -182,11 +182,116 @@ class Engine:
             alone = len(self._names) == 1 and not self._queue and self._timeline is None
             if not alone:
                 self._queue.append(req)
+        if alone and not self._alone(req):
+            with self._lock:
+                self._queue.append(req)
+        self._wait_run(req)
+        return [req.handle.result]
+
+    def allreduce_now(self, send, recv, shape: tuple, dtype: str, name: str, op: int, postscale: float) -> bool:
+        """`recv` = op over ranks of `send` (None: in place), blocking: the lone allreduce's shortcut.
+
+        Applies to a CPU array whose storage is its wire dtype (not float16/bfloat16), without
+        prescale, whose signature is cached, while nothing else is outstanding on this rank: then it
+        costs one round and one MPI call, and no Request (this is the latency of a lone small
+        allreduce, and of a large one's start on a cold cache). Returns False, having done nothing,
+        where it does not apply (the caller takes the general path); raises like run()."""
+        cid = self._ids.get((name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
+        if cid is None or dtype in _WIRE or self._names or self._queue or self._timeline is not None \
+                or not self._drive.acquire(blocking=False):
+            return False
+        req = None
+        try:
+            if not self._quiet():
+                return False
+            inflight = self._solo_round(cid)
+            if inflight is None:  # every rank has this op and nothing else: run it
+                self._coll.allreduce_arrays(send, recv, op, postscale, MPI.Request.Wait)
+                return True
+            # the others had more to agree on: from here on an ordinary request
+            req = Request("allreduce", name, recv if send is None else send, recv, shape, dtype, op, 1.0, postscale)
+            req.cid = cid
+            with self._lock:
+                self._names.add(name)
+                self._drivers += 1
+            self._bycid[cid] = req
+            self._mask |= 1 << cid
+            if self._inflight is None:
+                self._agreed(inflight)
+        except Exception as e:  # as in _progress
+            self._broken(e)
+            if req is None:
+                raise HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}") from e
+        finally:
+            self._drive.release()
+        self._wait_run(req)
+        return True
+
+    def _alone(self, req: Request) -> bool:
+        """run() of one request with nothing else outstanding on this rank, cached signature: the
+        general steps (intake, post, test, agree, reduce, finish) inline. Returns False, having done
+        nothing, when it does not apply; True once `req` is the driver's (done, or left in its round
+        for the general loop)."""
+        if not self._drive.acquire(blocking=False):
+            return False
+        try:
+            cid = self._ids.get(req.meta())
+            if cid is None or not self._quiet():
+                return False
+            req.cid = cid
+            self._bycid[cid], self._mask = req, 1 << cid
+            inflight = self._solo_round(cid)
+            if inflight is None:  # every rank has this op and nothing else: run it
+                del self._bycid[cid]
+                self._mask = 0
+                handle = req.handle  # finished here; run() removes its name from _names
+                handle.result = self._coll.allreduce_one(req) if req.device == "cpu" and req.splits is None \
+                    else self._reduce([req.name], [req])[0]
+                handle.done = True
+            elif self._inflight is None:
+                self._agreed(inflight)
+            return True
+        except Exception as e:  # as in _progress
+            self._broken(e)
+            return True
+        finally:
+            self._drive.release()
+
+    def _quiet(self) -> bool:
+        """Nothing in the driver's hands (caller holds _drive): a lone op may take a shortcut."""
+        return self._inflight is None and not (self._closed or self._fresh or self._bycid or self._announced) \
+            and self._abort_reason is None and (self._coord is None or not self._wants_phase())
+
+    def _solo_round(self, cid: int):
+        """Post a round with op `cid` alone and no flags, and spin for it as a blocking MPI call would,
+        up to WAITER_SPIN_S (the general loop backs off after that). Caller holds _drive, _quiet().
+        Returns None when every rank sent the same (the op runs now), else the round: completed
+        (the caller runs `_agreed` on it) or still in flight (left as self._inflight)."""
+        n = self._words
+        send = self._alone_sends.get(cid)
+        if send is None or len(send) != 16 * n:
+            send = self._alone_sends[cid] = rounds.encode(0, 1 << cid, n)
+        recv = bytearray(16 * n)
+        request = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
+        inflight = self._inflight = (request, send, recv, n)
+        polls, deadline = 0, None
+        while not request.Test():
+            polls += 1
+            if not polls & 63:
+                now = time.monotonic()
+                deadline = deadline or now + WAITER_SPIN_S
+                if now > deadline:
+                    return inflight
+        self._inflight = None
+        if recv == send:  # AND == OR == this op alone reduces to what every rank sent
+            self._partial_since = None
+            return None
+        return inflight
+
+    def _wait_run(self, req: Request) -> None:
+        """The rest of run() for `req`, already counted in _names and _drivers: drive until done."""
         handle = req.handle
         try:
-            if alone and not self._alone(req):
-                with self._lock:
-                    self._queue.append(req)
             if not handle.done:
                 self._drive_until(handle)
         finally:
@@ -198,55 +303,6 @@ class Engine:
                     self._cv.notify_all()
         if handle.error is not None:
             raise handle.error
-        return [handle.result]
-
-    def _alone(self, req: Request) -> bool:
-        """The lone blocking op with nothing else outstanding on this rank, cached signature: the
-        general steps (intake, post, test, agree, reduce, finish) inline, for the latency of a lone
-        small allreduce. Returns False, having done nothing, when it does not apply; True once `req`
-        is the driver's (done, or left in its round for the general loop)."""
-        if not self._drive.acquire(blocking=False):
-            return False
-        try:
-            cid = self._ids.get(req.meta())
-            if cid is None or self._inflight is not None or self._closed or self._abort_reason is not None \
-                    or self._fresh or self._bycid or self._announced or (self._coord is not None and self._wants_phase()):
-                return False
-            req.cid, bit, n = cid, 1 << cid, self._words
-            self._bycid[cid], self._mask = req, bit
-            send = self._alone_sends.get(cid)
-            if send is None or len(send) != 16 * n:
-                send = self._alone_sends[cid] = rounds.encode(0, bit, n)
-            recv = bytearray(16 * n)
-            request = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
-            inflight = self._inflight = (request, send, recv, n)
-            polls, deadline = 0, None
-            while not request.Test():  # spin as a blocking MPI call would; the general loop backs off
-                polls += 1
-                if not polls & 63:
-                    now = time.monotonic()
-                    deadline = deadline or now + WAITER_SPIN_S
-                    if now > deadline:
-                        return True
-            self._inflight = None
-            if recv != send:  # AND == OR == this op alone reduces to what this rank sent; else others have more
-                self._agreed(inflight)
-                return True
-            del self._bycid[cid]  # every rank has this op and nothing else: run it
-            self._mask = 0
-            self._partial_since = None
-            handle = req.handle  # finished here; run() removes its name from _names
-            handle.result = self._coll.allreduce_one(req) if req.device == "cpu" and req.splits is None \
-                else self._reduce([req.name], [req])[0]
-            handle.done = True
-            return True
-        except Exception as e:  # as in _progress
-            with self._cv:
-                self._closed = True
-            self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
-            return True
-        finally:
-            self._drive.release()
 
     def wait(self, handle: Handle):
         """Block until `handle` completes, driving progress meanwhile; return its result or raise its error."""
@@ -398,8 +454,11 @@ class Engine:
         """Wait for an MPI request of a running collective: spinning while a caller waits on the
         engine, else (the background thread, overlapping the training loop) yielding the CPU between
         polls, so a late peer does not cost this rank's compute a core."""
+        if self._drivers:  # someone is blocked on the engine: nothing else to run here
+            request.Wait()
+            return
         while not request.Test():
-            if self._drivers:  # someone is blocked on the engine: nothing else to run here
+            if self._drivers:
                 request.Wait()
                 return
             os.sched_yield()
@@ -408,11 +467,15 @@ class Engine:
         """One step: take in new requests, post or test the round, run what it agreed. Caller holds _drive."""
         try:
             return self._step(idle)
-        except Exception as e:  # MPI or internal failure: nothing can be trusted to complete any more
-            with self._cv:
-                self._closed = True
-            self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
+        except Exception as e:
+            self._broken(e)
             return True
+
+    def _broken(self, e: Exception) -> None:
+        """An MPI or internal failure while driving: nothing can be trusted to complete any more."""
+        with self._cv:
+            self._closed = True
+        self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
 
     def _step(self, idle: bool) -> bool:
         """The hot path of every operation: kept free of allocations and lock round-trips when there

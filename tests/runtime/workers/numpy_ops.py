@@ -1,6 +1,7 @@
 """Rank-side checks of the NumPy API against a float64 reference (run by tests/runtime/test_numpy_ops.py)."""
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -290,6 +291,12 @@ def lone_and_general_paths_mix():
     if h is None:
         h = hvd.allreduce_async(np.ones(3), name="mix.extra")
     np.testing.assert_array_equal(hvd.synchronize(h), np.ones(3))
+    for i in range(4):  # Average; a rank late by more than the shortcut's spin (the general loop takes over)
+        if me == n - 1 and i % 2:
+            time.sleep(0.05)
+        x[:] = me
+        hvd.allreduce_(x, name="mix.avg")
+        np.testing.assert_allclose(x, np.full(1000, sum(range(n)) / n))
 
 
 @case
