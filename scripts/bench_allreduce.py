@@ -49,7 +49,7 @@ def medians_us(fns, iters, warmup=3):
 
 
 def iters_for(nbytes, quick):
-    n = max(5, min(300, (256 << 20) // max(nbytes, 1) // 8))
+    n = max(15, min(300, (1 << 30) // max(nbytes, 1) // 8))  # >= 15: a median of fewer is noise here
     return max(3, n // 5) if quick else n
 
 
