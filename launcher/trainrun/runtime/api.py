@@ -88,7 +88,8 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
             flat, shape, dtype = tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype)
             name = name if name.__class__ is str else rq.auto_name("allreduce", name)
             engine = state.engine()
-            if prescale_factor == 1.0 and engine.allreduce_now(None, flat, shape, dtype, name, op, float(postscale_factor)):
+            if prescale_factor == 1.0 and engine.allreduce_now(None, flat, shape, dtype, name, op,
+                                                               float(postscale_factor)):
                 return tensor
             engine.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
             return tensor

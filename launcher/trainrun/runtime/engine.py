@@ -20,10 +20,14 @@ get the next cache ids, everywhere alike, since every rank runs the same rounds 
 So a repeated op costs one round (~2 us of MPI) before its data moves; ranks may issue ops in any
 order; a rank that issues a name with another shape/dtype/op sends a new signature, negotiated and
 checked in full, so mismatches and stalls are reported as on first use.
-- A rank posts rounds while it has anything outstanding; with nothing to do its background thread
-  still takes part every IDLE_S, so that phases (stall errors, abort) reach every rank and rank 0
-  can say which rank did not submit what. Ops ready on some ranks only for longer than a tick are
-  pulled into a phase, where the coordinator's stall clock runs.
+- A rank posts rounds while it has anything outstanding; with nothing to do, and no round for
+  IDLE_S, its background thread still takes part in one, so that phases (stall errors, abort)
+  reach every rank and rank 0 can say which rank did not submit what. Ops ready on some ranks
+  only for longer than a tick are pulled into a phase, where the coordinator's stall clock runs.
+- Shortcuts for the latency of a lone blocking op (nothing else outstanding on this rank, cached
+  signature): `run` -> `_alone` does the general steps inline; `allreduce_now` (in-place or
+  out-of-place CPU allreduce) skips even the Request. Both fall back to the general loop when the
+  round shows the others have more to agree on, or a peer is late.
 - Idle policy: a caller blocked in wait() keeps the driver lock and polls without yielding while it
   makes progress or for WAITER_SPIN_S after the last progress, then sleeps with growing delays up to
   MAX_SLEEP_S, letting other threads drive in between; the background thread yields the CPU after
@@ -114,6 +118,7 @@ class Engine:
         self._joining = False                    # this rank's join() is outstanding
         self._abort_sent = False
         self._inflight = None                    # (MPI request, send bytes, recv buffer, words) of the round
+        self._rounds = 0                         # rounds completed (the background thread's sign of activity)
         self._ids: dict[tuple, int] = {}         # response cache: meta -> id (same on every rank)
         self._by_id: list[tuple] = []            # id -> meta
         self._fusion: list[tuple] = []           # id -> (fusion key or None for a group, bytes on the wire)
@@ -283,6 +288,7 @@ class Engine:
                 if now > deadline:
                     return inflight
         self._inflight = None
+        self._rounds += 1
         if recv == send:  # AND == OR == this op alone reduces to what every rank sent
             self._partial_since = None
             return None
@@ -420,6 +426,7 @@ class Engine:
 
     def _run(self) -> None:
         backoff = _Backoff(BACKGROUND_SPIN_S)
+        seen = -1
         while True:
             idle_round = False
             with self._cv:
@@ -428,6 +435,9 @@ class Engine:
                     woken = self._cv.wait(IDLE_S if self.size > 1 else None)
                     self._idle = False
                     if not woken and not self._drivers and not self._has_work():
+                        if self._rounds != seen:  # rounds ran meanwhile (ops): every rank takes part already
+                            seen = self._rounds
+                            continue
                         idle_round = True  # take part in a round: others may need this rank's answer
                         break
                 if self._closed:
@@ -494,6 +504,7 @@ class Engine:
         if not inflight[0].Test():
             return progressed
         self._inflight = None
+        self._rounds += 1
         return self._agreed(inflight) or progressed
 
     def _intake(self) -> None:
@@ -533,7 +544,8 @@ class Engine:
         """Rank 0: a phase is due to match cached ops the coordinator holds elsewhere, to pull ops
         that are ready on some ranks only for a tick (their stall clock starts there), or to check stalls."""
         coord = self._coord
-        if self._partial_since is not None and (coord.pending() or time.monotonic() - self._partial_since >= self._tick):
+        since = self._partial_since
+        if since is not None and (coord.pending() or time.monotonic() - since >= self._tick):
             return True
         return coord.stall_check_due()
 
