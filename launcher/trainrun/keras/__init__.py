@@ -21,8 +21,10 @@ from trainrun.keras.ops import (allgather, allreduce, broadcast, broadcast_varia
 from trainrun.keras.optimizer import DistributedOptimizer  # noqa: E402
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
-from trainrun.runtime.state import (cross_rank, cross_size, init, is_homogeneous,  # noqa: E402
-                                    is_initialized, local_rank, local_size, rank, shutdown, size)
+from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
+from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, init,  # noqa: E402
+                                    is_homogeneous, is_initialized, local_rank, local_size, process_sets,
+                                    rank, remove_process_set, shutdown, size)
 from trainrun.torch import Compression, allgather_object, barrier, broadcast_object, join  # noqa: E402
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("os", "keras", "ops", "optimizer")]

@@ -40,7 +40,7 @@ class _Distributed:
     def _trainrun_reduce(self, grads, variables):
         s = self._trainrun
         present = [i for i, g in enumerate(grads) if g is not None]
-        if not present or state.size() == 1:
+        if not present or state.engine(s.process_set).size == 1:
             return grads
         pairs = [s.compression.compress(grads[i].detach().contiguous()) for i in present]
         if s.name is None:
@@ -49,7 +49,7 @@ class _Distributed:
                 getattr(paths[i], "path", str(i)) for i in present)
         pre, post = (1.0 / s.predivide, s.predivide) if s.op == Average else (1.0, 1.0)
         reduced = mpi_ops.grouped_allreduce([t for t, _ in pairs], name=s.name, op=s.op,
-                                            prescale_factor=pre, postscale_factor=post)
+                                            prescale_factor=pre, postscale_factor=post, process_set=s.process_set)
         out = list(grads)
         for i, r, (_, ctx) in zip(present, reduced, pairs):
             out[i] = s.compression.decompress(r, ctx)
@@ -57,8 +57,9 @@ class _Distributed:
 
 
 class _Settings:
-    def __init__(self, compression, passes, average_aggregated, op, predivide):
+    def __init__(self, compression, passes, average_aggregated, op, predivide, process_set):
         self.compression, self.passes, self.average_aggregated = compression, passes, average_aggregated
+        self.process_set = process_set
         self.op, self.predivide = op, predivide
         self.name = None          # the grouped allreduce's name, fixed on the first step
         self.accumulated = None   # gradients summed over the passes so far
@@ -74,7 +75,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     `num_groups`/`groups` are accepted: all gradients always travel as one group."""
     import keras
 
-    mpi_ops._check_process_set(process_set)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"DistributedOptimizer needs a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     if op == Adasum:
@@ -89,7 +89,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         config["name"] = name
     dist = cls.from_config(config)
     dist._trainrun = _Settings(compression, backward_passes_per_step, average_aggregated_gradients, op,
-                               float(gradient_predivide_factor))
+                               float(gradient_predivide_factor), process_set)
     return dist
 
 

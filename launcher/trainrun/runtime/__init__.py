@@ -2,7 +2,8 @@
 
 Modules: topology (where this rank is), engine (background negotiation and ordering), negotiation
 (the coordinator), collectives + fusion (NumPy work around MPI calls), backends/ (mpi, nccl),
-timeline (Chrome trace), state (init and handles), requests (validation), api (this surface).
+timeline (Chrome trace), state (init, process sets, handles), process_sets, requests (validation),
+api (this surface).
 """
 from trainrun.runtime.api import (allgather, allgather_async, allgather_object, allreduce, allreduce_,
                                   allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
@@ -11,9 +12,11 @@ from trainrun.runtime.api import (allgather, allgather_async, allgather_object, 
                                   reducescatter_async)
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum
-from trainrun.runtime.state import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
-                                    init, is_homogeneous, is_initialized, local_rank, local_size,
-                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, poll,
-                                    synchronize, rank, rocm_built, shutdown, size)
+from trainrun.runtime.process_sets import ProcessSet, global_process_set
+from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
+                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
+                                    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                                    poll, process_sets, rank, remove_process_set, rocm_built, shutdown, size,
+                                    synchronize)
 
 __all__ = [n for n in dir() if not n.startswith("_")]

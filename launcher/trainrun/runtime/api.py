@@ -22,18 +22,29 @@ _outputs = OutputPool()
 _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
 
-def submit(op) -> int:
-    """Start `op` = (Requests, finalize) and return its handle; `finalize(results)` makes what
-    synchronize returns."""
+def submit(op, eng) -> int:
+    """Start `op` = (Requests, finalize) on engine `eng` (state.engine(process_set)) and return its
+    handle; `finalize(results)` makes what synchronize returns."""
     reqs, finalize = op
-    state.engine().submit(reqs)
-    return state.add_handle([r.handle for r in reqs], finalize)
+    eng.submit(reqs)
+    return state.add_handle([r.handle for r in reqs], finalize, eng)
 
 
-def run(op):
-    """Run `op` = (Requests, finalize) to completion in the calling thread (no hand-off to the engine's)."""
+def run(op, eng):
+    """Run `op` = (Requests, finalize) on `eng` to completion in the calling thread (no hand-off to
+    the engine's)."""
     reqs, finalize = op
-    return finalize(state.engine().run(reqs))
+    return finalize(eng.run(reqs))
+
+
+def root_in(eng, root_rank) -> int:
+    """A broadcast's root (a global rank, as in Horovod) as a rank of `eng`'s process set."""
+    if eng.set_id == 0:
+        return root_rank
+    try:
+        return eng.ranks.index(root_rank)
+    except ValueError:
+        raise ValueError(f"root_rank {root_rank} is not in process set {eng.set_id} (ranks {eng.ranks})") from None
 
 
 def _contiguous(tensor) -> np.ndarray:
@@ -55,52 +66,54 @@ def _in_place(tensor: np.ndarray):
     return buf, write_back
 
 
-def _allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def _allreduce(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     a = _contiguous(tensor)
     out = np.empty_like(a)
     req = rq.allreduce(a.reshape(-1), out.reshape(-1), a.shape, dtype_name(a.dtype),
-                       rq.auto_name("allreduce", name), op, prescale_factor, postscale_factor)
+                       rq.auto_name("allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
     return [req], (lambda _: out)
 
 
-def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> np.ndarray:
+def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
-    return run(_allreduce(tensor, name, op, prescale_factor, postscale_factor))
+    eng = state.engine(process_set)
+    return run(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 
-def _allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous and tensor.flags.writeable:
         buf, finalize = tensor, (lambda _: tensor)  # the usual case: no copy, nothing to write back
     else:
         buf, done = _in_place(tensor)
         finalize = lambda _: done()  # noqa: E731
     flat = buf.reshape(-1)
-    req = rq.allreduce(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("allreduce", name),
+    req = rq.allreduce(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("allreduce", name, eng.set_id),
                        op, prescale_factor, postscale_factor)
     return [req], finalize
 
 
-def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> np.ndarray:
+def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None) -> np.ndarray:
     """allreduce into `tensor` itself (returned)."""
+    eng = state.engine(process_set)
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (Engine.allreduce_now)
             flat, shape, dtype = tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype)
-            name = name if name.__class__ is str else rq.auto_name("allreduce", name)
-            engine = state.engine()
-            if prescale_factor == 1.0 and engine.allreduce_now(None, flat, shape, dtype, name, op,
-                                                               float(postscale_factor)):
+            name = name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id)
+            if prescale_factor == 1.0 and eng.allreduce_now(None, flat, shape, dtype, name, op,
+                                                            float(postscale_factor)):
                 return tensor
-            engine.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
+            eng.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
             return tensor
-    return run(_allreduce_(tensor, name, op, prescale_factor, postscale_factor))
+    return run(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 
-def _grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """One handle for a list, negotiated as one entry and reduced in one call. With one dtype the
     outputs are views of one fused buffer, so nothing is unpacked after the reduction (the per-tensor
     Python work is kept to a minimum: it dominates for many small tensors)."""
-    base = rq.auto_name("grouped_allreduce", name)
+    base = rq.auto_name("grouped_allreduce", name, eng.set_id)
     arrays = list(map(np.asarray, tensors))
     dtypes = list(map(_DTYPE, arrays))
     same_dtype = bool(dtypes) and dtypes.count(dtypes[0]) == len(dtypes)  # (count compares by identity first)
@@ -127,106 +140,123 @@ def _grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, post
     return [req], (lambda _: outs)
 
 
-def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> list:
-    return run(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor))
+def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=None) -> list:
+    eng = state.engine(process_set)
+    return run(_grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor), eng)
 
 
-def _allgather(tensor, name=None):
+def _allgather(eng, tensor, name=None):
     """Concatenation along dim 0 of every rank's tensor; dim 0 may differ between ranks."""
     a = _contiguous(tensor)
-    req = rq.allgather(a.reshape(-1), a.shape, dtype_name(a.dtype), rq.auto_name("allgather", name))
+    req = rq.allgather(a.reshape(-1), a.shape, dtype_name(a.dtype), rq.auto_name("allgather", name, eng.set_id))
     return [req], (lambda res: res[0])
 
 
-def allgather(tensor, name=None) -> np.ndarray:
-    return run(_allgather(tensor, name))
+def allgather(tensor, name=None, process_set=None) -> np.ndarray:
+    eng = state.engine(process_set)
+    return run(_allgather(eng, tensor, name), eng)
 
 
-def _broadcast(tensor, root_rank, name=None):
+def _broadcast(eng, tensor, root_rank, name=None):
+    root = root_in(eng, root_rank)
     a = _contiguous(tensor)
-    out = a.copy() if state.rank() == root_rank else np.empty_like(a)
+    out = a.copy() if eng.rank == root else np.empty_like(a)
     flat = out.reshape(-1)
-    req = rq.broadcast(flat, flat, a.shape, dtype_name(a.dtype), rq.auto_name("broadcast", name), root_rank)
+    req = rq.broadcast(flat, flat, a.shape, dtype_name(a.dtype), rq.auto_name("broadcast", name, eng.set_id),
+                       root, eng.size)
     return [req], (lambda _: out)
 
 
-def broadcast(tensor, root_rank, name=None) -> np.ndarray:
+def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
     """root_rank's tensor, as a new array on every rank (shapes and dtypes must match)."""
-    return run(_broadcast(tensor, root_rank, name))
+    eng = state.engine(process_set)
+    return run(_broadcast(eng, tensor, root_rank, name), eng)
 
 
-def _broadcast_(tensor, root_rank, name=None):
+def _broadcast_(eng, tensor, root_rank, name=None):
+    root = root_in(eng, root_rank)
     buf, done = _in_place(tensor)
     flat = buf.reshape(-1)
-    req = rq.broadcast(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("broadcast", name), root_rank)
+    req = rq.broadcast(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("broadcast", name, eng.set_id),
+                       root, eng.size)
     return [req], (lambda _: done())
 
 
-def broadcast_(tensor, root_rank, name=None) -> np.ndarray:
-    return run(_broadcast_(tensor, root_rank, name))
+def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
+    eng = state.engine(process_set)
+    return run(_broadcast_(eng, tensor, root_rank, name), eng)
 
 
-def _alltoall(tensor, splits=None, name=None):
+def _alltoall(eng, tensor, splits=None, name=None):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None). Result: output, plus the
     received splits when `splits` was given (as Horovod)."""
     a = _contiguous(tensor)
-    req = rq.alltoall(a.reshape(-1), a.shape, dtype_name(a.dtype), rq.auto_name("alltoall", name), splits)
+    req = rq.alltoall(a.reshape(-1), a.shape, dtype_name(a.dtype), rq.auto_name("alltoall", name, eng.set_id),
+                      splits, eng.size)
     return [req], ((lambda res: res[0][0]) if splits is None else (lambda res: res[0]))
 
 
-def alltoall(tensor, splits=None, name=None):
-    return run(_alltoall(tensor, splits, name))
+def alltoall(tensor, splits=None, name=None, process_set=None):
+    eng = state.engine(process_set)
+    return run(_alltoall(eng, tensor, splits, name), eng)
 
 
-def _reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
+def _reducescatter(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     """Reduce over ranks, then rank r keeps its slice of dim 0 (the first dim0 % size ranks get a row more)."""
     a = _contiguous(tensor)
     rq.check_dim("reducescatter", a.shape)
-    rows = split_rows(a.shape[0], state.size())[state.rank()]
+    rows = split_rows(a.shape[0], eng.size)[eng.rank]
     out = np.empty((rows,) + a.shape[1:], dtype=a.dtype)
     req = rq.reducescatter(a.reshape(-1), out.reshape(-1), a.shape, dtype_name(a.dtype),
-                           rq.auto_name("reducescatter", name), op, prescale_factor, postscale_factor)
+                           rq.auto_name("reducescatter", name, eng.set_id), op, prescale_factor, postscale_factor)
     return [req], (lambda _: out)
 
 
-def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0) -> np.ndarray:
-    return run(_reducescatter(tensor, name, op, prescale_factor, postscale_factor))
+def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                  process_set=None) -> np.ndarray:
+    eng = state.engine(process_set)
+    return run(_reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 
-def barrier() -> None:
-    run(([rq.barrier(rq.auto_name("barrier", None))], lambda _: None))
+def barrier(process_set=None) -> None:
+    eng = state.engine(process_set)
+    run(([rq.barrier(rq.auto_name("barrier", None, eng.set_id))], lambda _: None), eng)
 
 
 def join() -> int:
     """Block until every rank has joined, contributing zeros to other ranks' allreduces meanwhile.
-    Returns the rank that joined last."""
-    return run(([rq.join()], lambda res: res[0]))
+    Returns the rank that joined last. (Global process set only.)"""
+    return run(([rq.join()], lambda res: res[0]), state.engine())
 
 
-def broadcast_object(obj, root_rank=0, name=None):
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """`obj` from root_rank on every rank (pickled)."""
-    name = rq.auto_name("broadcast", name)
-    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if state.rank() == root_rank else np.empty(0, np.uint8)
-    n = broadcast(np.array([data.size], dtype=np.int64), root_rank, f"{name}.size")
-    if state.rank() != root_rank:
+    eng = state.engine(process_set)
+    name = rq.auto_name("broadcast", name, eng.set_id)
+    root = eng.rank == root_in(eng, root_rank)
+    data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if root else np.empty(0, np.uint8)
+    n = broadcast(np.array([data.size], dtype=np.int64), root_rank, f"{name}.size", process_set)
+    if not root:
         data = np.empty(int(n[0]), dtype=np.uint8)
-    data = broadcast(data, root_rank, f"{name}.data")
-    return obj if state.rank() == root_rank else pickle.loads(data.tobytes())
+    data = broadcast(data, root_rank, f"{name}.data", process_set)
+    return obj if root else pickle.loads(data.tobytes())
 
 
-def allgather_object(obj, name=None) -> list:
-    """List of every rank's `obj` (pickled), in rank order."""
-    name = rq.auto_name("allgather", name)
+def allgather_object(obj, name=None, process_set=None) -> list:
+    """List of every rank's `obj` (pickled), in rank order (of the process set)."""
+    name = rq.auto_name("allgather", name, state.engine(process_set).set_id)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    sizes = allgather(np.array([data.size], dtype=np.int64), f"{name}.size")
-    blob = allgather(data, f"{name}.data").tobytes()
+    sizes = allgather(np.array([data.size], dtype=np.int64), f"{name}.size", process_set)
+    blob = allgather(data, f"{name}.data", process_set).tobytes()
     ends = np.cumsum(sizes).tolist()
     return [pickle.loads(blob[e - s:e]) for s, e in zip(sizes.tolist(), ends)]
 
 
 def _make_async(builder, doc_of):
-    def start(*args, **kwargs) -> int:
-        return submit(builder(*args, **kwargs))
+    def start(*args, process_set=None, **kwargs) -> int:
+        eng = state.engine(process_set)
+        return submit(builder(eng, *args, **kwargs), eng)
     start.__doc__ = f"Start {doc_of.__name__} and return a handle for poll/synchronize."
     return start
 

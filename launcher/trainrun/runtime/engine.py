@@ -84,9 +84,11 @@ class _Backoff:
 
 class Engine:
     def __init__(self, comm, rank: int, size: int, *, fusion_threshold: int, stall_timeout: float,
-                 timeline_path: str | None = None):
-        """Collective over `comm` (duplicates it twice). Starts the background thread."""
+                 timeline_path: str | None = None, set_id: int = 0, ranks: list[int] | None = None):
+        """Collective over `comm` (duplicates it twice). Starts the background thread. `set_id` and
+        `ranks` (global ranks of comm's members) name the process set it serves (process_sets.py)."""
         self.rank, self.size = rank, size
+        self.set_id, self.ranks = set_id, list(range(size)) if ranks is None else ranks
         self._ctrl = comm.Dup()
         self._backend = MPIBackend(comm, wait=self._complete)
         self._timeline_path = timeline_path

@@ -3,7 +3,7 @@
 Each takes flat, contiguous storage arrays plus the tensor's shape and logical dtype name (see
 fusion.py), checks what a rank can check alone (raising ValueError like Horovod), names unnamed ops
 in call order (`<kind>.noname.<n>`, so ranks calling in the same order match), and returns Requests
-for `state.engine().submit`.
+for an engine's `submit` (state.engine(process_set)).
 """
 from __future__ import annotations
 
@@ -11,17 +11,25 @@ import itertools
 
 import numpy as np
 
-from trainrun.runtime import state
 from trainrun.runtime.fusion import REDUCIBLE
 from trainrun.runtime.ops import GROUP, OP_NAMES, Adasum, Average, Max, Min, Product, Request, Sum
 
-_counters = {k: itertools.count() for k in ("allreduce", "grouped_allreduce", "allgather", "broadcast",
-                                             "alltoall", "reducescatter", "barrier", "join")}
+_counters: dict[tuple, itertools.count] = {}  # (process set id, kind) -> count
 
 
-def auto_name(kind: str, name: str | None) -> str:
+def reset_names() -> None:
+    """Start unnamed ops from 0 again (at shutdown: every rank does it at the same point)."""
+    _counters.clear()
+
+
+def auto_name(kind: str, name: str | None, set_id: int = 0) -> str:
+    """`name`, or the next `<kind>.noname.<n>` of this process set (ranks calling in the same
+    order get the same names)."""
     if name is None:
-        return f"{kind}.noname.{next(_counters[kind])}"
+        counter = _counters.get((set_id, kind))
+        if counter is None:
+            counter = _counters[(set_id, kind)] = itertools.count()
+        return f"{kind}.noname.{next(counter)}"
     if not isinstance(name, str):
         raise ValueError(f"name must be a string, not {type(name).__name__}")
     return name
@@ -73,15 +81,14 @@ def allgather(inp, shape, dtype, name) -> Request:
     return Request("allgather", name, inp, None, tuple(shape), dtype)
 
 
-def broadcast(inp, out, shape, dtype, name, root_rank) -> Request:
-    if not 0 <= root_rank < state.size():
-        raise ValueError(f"root_rank {root_rank} is out of range for size {state.size()}")
+def broadcast(inp, out, shape, dtype, name, root_rank, size) -> Request:
+    if not 0 <= root_rank < size:
+        raise ValueError(f"root_rank {root_rank} is out of range for size {size}")
     return Request("broadcast", name, inp, out, tuple(shape), dtype, root=int(root_rank))
 
 
-def alltoall(inp, shape, dtype, name, splits) -> Request:
+def alltoall(inp, shape, dtype, name, splits, n) -> Request:
     check_dim("alltoall", shape)
-    n = state.size()
     if splits is None:
         if shape[0] % n:
             raise ValueError(f"alltoall without splits needs the first dimension ({shape[0]}) divisible by size ({n})")

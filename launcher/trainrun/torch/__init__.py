@@ -4,10 +4,11 @@ init/shutdown/topology come from the framework-free runtime; ops (mpi_ops.py), m
 helpers (functions.py), DistributedOptimizer (optimizer.py) and Compression are torch-specific.
 """
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
-from trainrun.runtime.state import (cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
-                                    init, is_homogeneous, is_initialized, local_rank, local_size,
-                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-                                    rocm_built, shutdown, size)
+from trainrun.runtime.process_sets import ProcessSet
+from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
+                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
+                                    local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
+                                    process_sets, rank, remove_process_set, rocm_built, shutdown, size)
 from trainrun.torch.compression import Compression
 from trainrun.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)

@@ -53,14 +53,10 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.", model=N
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
-    """root_rank's `obj` (any picklable object) on every rank."""
-    if process_set is not None:
-        raise NotImplementedError("trainrun supports only the global process set")
-    return api.broadcast_object(obj, root_rank, name)
+    """root_rank's `obj` (any picklable object) on every rank (of `process_set`)."""
+    return api.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, name=None, process_set=None) -> list:
-    """Every rank's `obj`, in rank order."""
-    if process_set is not None:
-        raise NotImplementedError("trainrun supports only the global process set")
-    return api.allgather_object(obj, name)
+    """Every rank's `obj`, in rank order (of `process_set`)."""
+    return api.allgather_object(obj, name, process_set)

@@ -18,19 +18,12 @@ import numpy as np
 import torch
 
 from trainrun.runtime import api, requests as rq, state
+from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401
 from trainrun.runtime.backends import nccl
 from trainrun.runtime.collectives import split_rows
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.torch.compression import Compression
-
-global_process_set = None  # only the global process set exists; accepted for signature compatibility
-
-
-def _check_process_set(process_set) -> None:
-    if process_set is not None:
-        raise NotImplementedError("trainrun supports only the global process set")
-
 
 def handle_average_backwards_compatibility(op, average):
     """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
@@ -107,8 +100,8 @@ def _in_place(t: torch.Tensor):
     return buf, write_back
 
 
-# ---- op builders: (Requests, finalize) for api.submit / api.run -----------------------------
-def _allreduce(tensor, name, op, prescale_factor, postscale_factor, in_place):
+# ---- op builders: (Requests, finalize) for api.submit / api.run on engine `eng` ---------------
+def _allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place):
     if in_place:
         buf, done = _in_place(tensor)
         out = buf
@@ -117,14 +110,14 @@ def _allreduce(tensor, name, op, prescale_factor, postscale_factor, in_place):
         out = torch.empty_like(buf)
     inp, dtype = _view(buf)
     req = rq.allreduce(inp, inp if in_place else _view(out)[0], buf.shape, dtype,
-                       rq.auto_name("allreduce", name), op, prescale_factor, postscale_factor)
+                       rq.auto_name("allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
     return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(out, tensor)))
 
 
-def _grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, in_place):
+def _grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, in_place):
     """CPU tensors of one dtype travel as one group (one negotiation entry, one reduction: see
     ops.Request); anything else as one request per tensor, announced together."""
-    base = rq.auto_name("grouped_allreduce", name)
+    base = rq.auto_name("grouped_allreduce", name, eng.set_id)
     tensors = list(tensors)
     if tensors and len({t.dtype for t in tensors}) == 1 and not any(t.is_cuda for t in tensors):
         bufs, dones = [], []
@@ -152,36 +145,37 @@ def _grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, in_
         return [req], lambda _: outs
     reqs, finals = [], []
     for i, t in enumerate(tensors):
-        (req,), fin = _allreduce(t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)
+        (req,), fin = _allreduce(eng, t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)
         reqs.append(req)
         finals.append(fin)
     return reqs, lambda res: [f(None) for f in finals]
 
 
-def _allgather(tensor, name):
+def _allgather(eng, tensor, name):
     buf = _host(tensor)
     inp, dtype = _view(buf)
-    req = rq.allgather(inp, buf.shape, dtype, rq.auto_name("allgather", name))
+    req = rq.allgather(inp, buf.shape, dtype, rq.auto_name("allgather", name, eng.set_id))
     return [_placed(req, buf)], lambda res: _to_device(_tensor(res[0], dtype), tensor)
 
 
-def _broadcast(tensor, root_rank, name, in_place):
+def _broadcast(eng, tensor, root_rank, name, in_place):
+    root = api.root_in(eng, root_rank)
     if in_place:
         buf, done = _in_place(tensor)
     else:
         src = _host(tensor)
-        buf = src.clone() if state.rank() == root_rank else torch.empty_like(src)
+        buf = src.clone() if eng.rank == root else torch.empty_like(src)
     flat, dtype = _view(buf)
-    req = rq.broadcast(flat, flat, buf.shape, dtype, rq.auto_name("broadcast", name), root_rank)
+    req = rq.broadcast(flat, flat, buf.shape, dtype, rq.auto_name("broadcast", name, eng.set_id), root, eng.size)
     return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(buf, tensor)))
 
 
-def _alltoall(tensor, splits, name):
+def _alltoall(eng, tensor, splits, name):
     buf = _host(tensor)
     inp, dtype = _view(buf)
     if isinstance(splits, torch.Tensor):
         splits = splits.cpu().numpy()
-    req = rq.alltoall(inp, buf.shape, dtype, rq.auto_name("alltoall", name), splits)
+    req = rq.alltoall(inp, buf.shape, dtype, rq.auto_name("alltoall", name, eng.set_id), splits, eng.size)
 
     def finalize(res):
         out, received = res[0]
@@ -190,29 +184,38 @@ def _alltoall(tensor, splits, name):
     return [_placed(req, buf)], finalize
 
 
-def _reducescatter(tensor, name, op, prescale_factor, postscale_factor):
+def _reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor):
     buf = _host(tensor)
     rq.check_dim("reducescatter", tuple(buf.shape))
-    rows = split_rows(buf.shape[0], state.size())[state.rank()]
+    rows = split_rows(buf.shape[0], eng.size)[eng.rank]
     out = torch.empty((rows,) + tuple(buf.shape[1:]), dtype=buf.dtype, device=buf.device)
     inp, dtype = _view(buf)
-    req = rq.reducescatter(inp, _view(out)[0], buf.shape, dtype, rq.auto_name("reducescatter", name),
+    req = rq.reducescatter(inp, _view(out)[0], buf.shape, dtype, rq.auto_name("reducescatter", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
     return [_placed(req, buf)], lambda _: _to_device(out, tensor)
+
+
+def _submit(builder, process_set, *args) -> int:
+    eng = state.engine(process_set)
+    return api.submit(builder(eng, *args), eng)
+
+
+def _run(builder, process_set, *args):
+    eng = state.engine(process_set)
+    return api.run(builder(eng, *args), eng)
 
 
 # ---- async API --------------------------------------------------------------------------
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set) -> int:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    return api.submit(_allreduce(tensor, name, op, prescale_factor, postscale_factor, False))
+    return _submit(_allreduce, process_set, tensor, name, op, prescale_factor, postscale_factor, False)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> int:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
+    eng = state.engine(process_set)
     if tensor.__class__ is torch.Tensor and tensor.is_cpu and not tensor.requires_grad \
             and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous():
         # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps
@@ -220,77 +223,66 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         if a.ndim != 1:
             a = a.reshape(-1)
         req = rq.allreduce(a, a, tuple(tensor.shape), dtype_name(a.dtype),
-                           name if name.__class__ is str else rq.auto_name("allreduce", name),
+                           name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
-        state.engine().submit([req])
-        return state.add_handle([req.handle], lambda _: tensor)
-    return api.submit(_allreduce(tensor, name, op, prescale_factor, postscale_factor, True))
+        eng.submit([req])
+        return state.add_handle([req.handle], lambda _: tensor, eng)
+    return api.submit(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set) -> torch.Tensor:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    return api.run(_allreduce(tensor, name, op, prescale_factor, postscale_factor, True))
+    return _run(_allreduce, process_set, tensor, name, op, prescale_factor, postscale_factor, True)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                             postscale_factor=1.0, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    return api.submit(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, False))
+    return _submit(_grouped_allreduce, process_set, tensors, name, op, prescale_factor, postscale_factor, False)
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                              postscale_factor=1.0, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    return api.submit(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, True))
+    return _submit(_grouped_allreduce, process_set, tensors, name, op, prescale_factor, postscale_factor, True)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set) -> list:
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
-    return api.run(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, True))
+    return _run(_grouped_allreduce, process_set, tensors, name, op, prescale_factor, postscale_factor, True)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
-    return api.submit(_allgather(tensor, name))
+    return _submit(_allgather, process_set, tensor, name)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
-    return api.submit(_broadcast(tensor, root_rank, name, False))
+    return _submit(_broadcast, process_set, tensor, root_rank, name, False)
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
-    return api.submit(_broadcast(tensor, root_rank, name, True))
+    return _submit(_broadcast, process_set, tensor, root_rank, name, True)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
-    _check_process_set(process_set)
-    return api.run(_broadcast(tensor, root_rank, name, True))
+    return _run(_broadcast, process_set, tensor, root_rank, name, True)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set) -> int:
-    _check_process_set(process_set)
-    return api.submit(_alltoall(tensor, splits, name))
+    return _submit(_alltoall, process_set, tensor, splits, name)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None); returns the output, plus the
     received splits when `splits` was given. Not differentiable."""
-    _check_process_set(process_set)
-    return api.run(_alltoall(tensor, splits, name))
+    return _run(_alltoall, process_set, tensor, splits, name)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0) -> int:
-    _check_process_set(process_set)
-    return api.submit(_reducescatter(tensor, name, op, prescale_factor, postscale_factor))
+    return _submit(_reducescatter, process_set, tensor, name, op, prescale_factor, postscale_factor)
 
 
 def poll(handle: int) -> bool:
@@ -302,8 +294,7 @@ def synchronize(handle: int):
 
 
 def barrier(process_set=global_process_set) -> None:
-    _check_process_set(process_set)
-    api.barrier()
+    api.barrier(process_set)
 
 
 def join(device=-1) -> int:
@@ -312,119 +303,124 @@ def join(device=-1) -> int:
     return api.join()
 
 
-# ---- differentiable blocking ops -------------------------------------------------------------
+# ---- differentiable blocking ops (the engine travels in ctx: backward runs on the same set) ------
 class HorovodAllreduce(torch.autograd.Function):
     """Gradient of an allreduce is the same allreduce of the gradient."""
 
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
-        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
-        return api.run(_allreduce(tensor, name, op, prescale_factor, postscale_factor, False))
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, eng):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor, ctx.eng = op, prescale_factor, postscale_factor, eng
+        return api.run(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, False), eng)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = api.run(_allreduce(grad_output.contiguous(), None, ctx.op, ctx.prescale_factor,
-                                  ctx.postscale_factor, False))
-        return grad, None, None, None, None
+        eng = ctx.eng
+        grad = api.run(_allreduce(eng, grad_output.contiguous(), None, ctx.op, ctx.prescale_factor,
+                                  ctx.postscale_factor, False), eng)
+        return grad, None, None, None, None, None
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, op, name, prescale_factor, postscale_factor, *tensors):
-        ctx.op, ctx.prescale_factor, ctx.postscale_factor = op, prescale_factor, postscale_factor
-        return tuple(api.run(_grouped_allreduce(tensors, name, op, prescale_factor, postscale_factor, False)))
+    def forward(ctx, op, name, prescale_factor, postscale_factor, eng, *tensors):
+        ctx.op, ctx.prescale_factor, ctx.postscale_factor, ctx.eng = op, prescale_factor, postscale_factor, eng
+        return tuple(api.run(_grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, False),
+                             eng))
 
     @staticmethod
     def backward(ctx, *grads):
-        reduced = api.run(_grouped_allreduce([g.contiguous() for g in grads], None, ctx.op,
-                                             ctx.prescale_factor, ctx.postscale_factor, False))
-        return (None, None, None, None, *reduced)
+        eng = ctx.eng
+        reduced = api.run(_grouped_allreduce(eng, [g.contiguous() for g in grads], None, ctx.op,
+                                             ctx.prescale_factor, ctx.postscale_factor, False), eng)
+        return (None, None, None, None, None, *reduced)
 
 
 class HorovodAllgather(torch.autograd.Function):
     """Gradient: average the gradient over ranks, keep this rank's rows."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
-        ctx.dim = tensor.shape[0]
-        return api.run(_allgather(tensor, name))
+    def forward(ctx, tensor, name, eng):
+        ctx.dim, ctx.eng = tensor.shape[0], eng
+        return api.run(_allgather(eng, tensor, name), eng)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = api.run(_allreduce(grad_output.contiguous(), None, Average, 1.0, 1.0, False))
-        dims = api.run(_allgather(torch.tensor([ctx.dim], dtype=torch.int64), None))
-        offset = int(dims[:state.rank()].sum())
-        return grad.narrow(0, offset, ctx.dim), None
+        eng = ctx.eng
+        grad = api.run(_allreduce(eng, grad_output.contiguous(), None, Average, 1.0, 1.0, False), eng)
+        dims = api.run(_allgather(eng, torch.tensor([ctx.dim], dtype=torch.int64), None), eng)
+        offset = int(dims[:eng.rank].sum())
+        return grad.narrow(0, offset, ctx.dim), None, None
 
 
 class HorovodBroadcast(torch.autograd.Function):
     """Gradient: the average gradient on the root, zero elsewhere."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return api.run(_broadcast(tensor, root_rank, name, False))
+    def forward(ctx, tensor, root_rank, name, eng):
+        ctx.root, ctx.eng = api.root_in(eng, root_rank), eng
+        return api.run(_broadcast(eng, tensor, root_rank, name, False), eng)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = api.run(_allreduce(grad_output.contiguous(), None, Average, 1.0, 1.0, False))
-        if state.rank() != ctx.root_rank:
+        eng = ctx.eng
+        grad = api.run(_allreduce(eng, grad_output.contiguous(), None, Average, 1.0, 1.0, False), eng)
+        if eng.rank != ctx.root:
             grad = grad * 0
-        return grad, None, None
+        return grad, None, None, None
 
 
 class HorovodReducescatter(torch.autograd.Function):
     """Gradient: gather the slices' gradients (divided by size for Average)."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.op = op
-        return api.run(_reducescatter(tensor, name, op, prescale_factor, postscale_factor))
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, eng):
+        ctx.op, ctx.eng = op, eng
+        return api.run(_reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
     @staticmethod
     def backward(ctx, grad_output):
-        grad = api.run(_allgather(grad_output.contiguous(), None))
+        eng = ctx.eng
+        grad = api.run(_allgather(eng, grad_output.contiguous(), None), eng)
         if ctx.op == Average:
-            grad = grad / state.size()
-        return grad, None, None, None, None
+            grad = grad / eng.size
+        return grad, None, None, None, None, None
 
 
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over ranks (default Average); returns a new tensor. Differentiable."""
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
+    eng = state.engine(process_set)
     compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(compressed, op, name, prescale_factor, postscale_factor)
+    reduced = HorovodAllreduce.apply(compressed, op, name, prescale_factor, postscale_factor, eng)
     return compression.decompress(reduced, ctx)
 
 
 def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of a list in one fused reduction. Differentiable."""
-    _check_process_set(process_set)
     op = handle_average_backwards_compatibility(op, average)
+    eng = state.engine(process_set)
     pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, *[t for t, _ in pairs])
+    reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, eng,
+                                            *[t for t, _ in pairs])
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs)]
 
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (which may differ per rank). Differentiable."""
-    _check_process_set(process_set)
-    return HorovodAllgather.apply(tensor, name)
+    return HorovodAllgather.apply(tensor, name, state.engine(process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """root_rank's tensor on every rank, as a new tensor. Differentiable."""
-    _check_process_set(process_set)
-    return HorovodBroadcast.apply(tensor, root_rank, name)
+    return HorovodBroadcast.apply(tensor, root_rank, name, state.engine(process_set))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
                   prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
     """Reduce over ranks and keep this rank's slice of dim 0. Differentiable."""
-    _check_process_set(process_set)
     compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor)
+    out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor,
+                                     state.engine(process_set))
     return compression.decompress(out, ctx)

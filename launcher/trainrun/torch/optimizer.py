@@ -22,8 +22,10 @@ from trainrun.torch.mpi_ops import Adasum, Average, allreduce_async_, grouped_al
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
-                 gradient_predivide_factor=1.0, groups=None):
+                 gradient_predivide_factor=1.0, groups=None, process_set=None):
         super(self.__class__, self).__init__(params)
+        self._process_set = process_set
+        self._set_size = state.engine(process_set).size  # (a set this rank is not in fails here, not in a hook)
         self._compression = compression
         if named_parameters is not None:
             named_parameters = list(named_parameters)
@@ -57,7 +59,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_of = {p: g for g in self._groups for p in g}
         self._group_names = {g: "grouped." + ".".join(sorted(self._parameter_names[p] for p in g)) for g in self._groups}
         self._group_ready: dict = {}
-        if state.size() > 1:
+        if self._set_size > 1:
             self._register_hooks()
 
     def _make_groups(self, groups) -> list[tuple]:
@@ -92,7 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         compressed, ctx = self._compression.compress(p.grad)
         pre, post = self._scales()
         handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
-                                  prescale_factor=pre, postscale_factor=post)
+                                  prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
         return handle, (compressed, ctx)
 
     def _grouped_allreduce_grad_async(self, params):
@@ -103,7 +105,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             pairs.append(self._compression.compress(p.grad))
         pre, post = self._scales()
         handle = grouped_allreduce_async_([t for t, _ in pairs], name=self._group_names[params], op=self.op,
-                                          prescale_factor=pre, postscale_factor=post)
+                                          prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
         return handle, pairs
 
     def _make_hook(self, p):
@@ -135,7 +137,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hooks did not fire) and write the
         averaged gradients into p.grad."""
-        if state.size() == 1:
+        if self._set_size == 1:
             self._synchronized = True
             return
         done = set()
@@ -203,8 +205,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     state. Raises ValueError for gradient_predivide_factor with op != Average, for unnamed or duplicate
     parameter names, and for op=Adasum (not supported).
     """
-    if process_set is not None:
-        raise NotImplementedError("trainrun supports only the global process set")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
@@ -216,4 +216,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups)
+               gradient_predivide_factor, groups, process_set)
