@@ -1,9 +1,9 @@
 """trainrun's framework-free runtime: Horovod's API on NumPy arrays (`import trainrun.runtime as hvd`).
 
-Modules: topology (where this rank is), engine (background negotiation and ordering), negotiation
-(the coordinator), collectives + fusion (NumPy work around MPI calls), backends/ (mpi, nccl),
-timeline (Chrome trace), state (init, process sets, handles), process_sets, requests (validation),
-api (this surface).
+Modules: topology (where this rank is), engine (background negotiation and ordering), rounds and
+cache (agreement on repeated ops), negotiation (the coordinator), collectives + fusion (NumPy work
+around MPI calls), backends/ (mpi, nccl), timeline (Chrome trace), state (init, process sets,
+handles), process_sets, requests (validation), api (this surface).
 """
 from trainrun.runtime.api import (allgather, allgather_async, allgather_object, allreduce, allreduce_,
                                   allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,

@@ -16,7 +16,7 @@ or rank 0's wish to match leftovers or check stalls. A phase gathers every rank'
 ops to rank 0, whose Coordinator (negotiation.py) answers with responses -- ready ops, fused;
 mismatch and stall errors naming tensors and ranks -- broadcast to all and run in that order. Ops
 announced once stay with the coordinator until a response names them. Allreduce signatures that ran
-get the next cache ids, everywhere alike, since every rank runs the same rounds in the same order.
+get the next cache ids (cache.py), everywhere alike, since every rank runs the same rounds in order.
 So a repeated op costs one round (~2 us of MPI) before its data moves; ranks may issue ops in any
 order; a rank that issues a name with another shape/dtype/op sends a new signature, negotiated and
 checked in full, so mismatches and stalls are reported as on first use.
@@ -41,7 +41,6 @@ it flags its next round, and the phase that follows makes every other rank fail 
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
@@ -52,9 +51,10 @@ from mpi4py import MPI
 from trainrun.runtime import rounds
 from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend
+from trainrun.runtime.cache import ResponseCache
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
-from trainrun.runtime.fusion import _WIRE, wire_dtype
+from trainrun.runtime.fusion import _WIRE
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import GROUP, Handle, Request
 
@@ -62,7 +62,6 @@ from trainrun.runtime.ops import GROUP, Handle, Request
 # core with the training loop (gradient hooks fire during backward), so it yields the CPU sooner.
 WAITER_SPIN_S, BACKGROUND_SPIN_S, MAX_SLEEP_S = 0.002, 0.0001, 0.0002
 IDLE_S = 0.005          # an idle rank takes part in a round at least this often (see above)
-CACHE_CAPACITY = 4096   # signatures remembered by the response cache (Horovod's default is 1024)
 _ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError}
 
 
@@ -121,11 +120,7 @@ class Engine:
         self._abort_sent = False
         self._inflight = None                    # (MPI request, send bytes, recv buffer, words) of the round
         self._rounds = 0                         # rounds completed (the background thread's sign of activity)
-        self._ids: dict[tuple, int] = {}         # response cache: meta -> id (same on every rank)
-        self._by_id: list[tuple] = []            # id -> meta
-        self._fusion: list[tuple] = []           # id -> (fusion key or None for a group, bytes on the wire)
-        self._words = rounds.words(0)
-        self._alone_sends: dict[int, bytes] = {}  # cache id -> round contribution of that op alone
+        self._cache = ResponseCache()
         self._partial_since: float | None = None  # rank 0: since when some cached op is ready on some ranks only
         self._shutdown_ok = False
 
@@ -203,7 +198,7 @@ class Engine:
         costs one round and one MPI call, and no Request (this is the latency of a lone small
         allreduce, and of a large one's start on a cold cache). Returns False, having done nothing,
         where it does not apply (the caller takes the general path); raises like run()."""
-        cid = self._ids.get((name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
+        cid = self._cache.ids.get((name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
         if cid is None or dtype in _WIRE or self._names or self._queue or self._timeline is not None \
                 or not self._drive.acquire(blocking=False):
             return False
@@ -242,7 +237,7 @@ class Engine:
         if not self._drive.acquire(blocking=False):
             return False
         try:
-            cid = self._ids.get(req.meta())
+            cid = self._cache.ids.get(req.meta())
             if cid is None or not self._quiet():
                 return False
             req.cid = cid
@@ -274,10 +269,8 @@ class Engine:
         up to WAITER_SPIN_S (the general loop backs off after that). Caller holds _drive, _quiet().
         Returns None when every rank sent the same (the op runs now), else the round: completed
         (the caller runs `_agreed` on it) or still in flight (left as self._inflight)."""
-        n = self._words
-        send = self._alone_sends.get(cid)
-        if send is None or len(send) != 16 * n:
-            send = self._alone_sends[cid] = rounds.encode(0, 1 << cid, n)
+        n = self._cache.words
+        send = self._cache.solo(cid)
         recv = bytearray(16 * n)
         request = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
         inflight = self._inflight = (request, send, recv, n)
@@ -512,7 +505,7 @@ class Engine:
     def _intake(self) -> None:
         with self._lock:
             new, self._queue = self._queue, []
-        ids, bycid, mask = self._ids, self._bycid, self._mask
+        ids, bycid, mask = self._cache.ids, self._bycid, self._mask
         for r in new:
             cid = r.cid = ids.get(r.meta())
             if cid is None:
@@ -535,7 +528,7 @@ class Engine:
             flags |= rounds.ABORT
         if self._coord is not None and self._wants_phase():
             flags |= rounds.PHASE
-        n = self._words
+        n = self._cache.words
         send = rounds.encode(flags, self._mask, n)
         recv = bytearray(16 * n)
         req = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
@@ -582,24 +575,9 @@ class Engine:
             self._finish_reduced([req], self._reduce([req.name], [req]))
             return
         self._negotiated([bycid[c] for c in cids])
-        fusion = self._fusion
-        batches: dict[tuple, list] = {}  # fusion key -> [[requests], bytes]
-        for c in cids:
-            r = bycid.pop(c)
-            key, nbytes = fusion[c]
-            if key is None:  # a group: its own reduction
-                self._finish_reduced([r], self._reduce([r.name], [r]))
-                continue
-            batch = batches.get(key)
-            if batch is not None and batch[1] + nbytes > self._threshold:
-                self._finish_reduced(batch[0], self._reduce([b.name for b in batch[0]], batch[0]))
-                batch = None
-            if batch is None:
-                batch = batches[key] = [[], 0]
-            batch[0].append(r)
-            batch[1] += nbytes
-        for batch, _ in batches.values():
-            self._finish_reduced(batch, self._reduce([b.name for b in batch], batch))
+        for batch in self._cache.batches(cids, self._threshold):
+            reqs = [bycid.pop(c) for c in batch]
+            self._finish_reduced(reqs, self._reduce([r.name for r in reqs], reqs))
 
     def _reduce(self, names: list[str], reqs: list[Request]) -> list:
         """One allreduce of `reqs` (every rank has them, no join in effect): results, one per request."""
@@ -636,7 +614,7 @@ class Engine:
         gathered = self._ctrl.gather(items, root=0)
         responses = None
         if self._coord is not None:
-            by_id = self._by_id
+            by_id = self._cache.metas
             for src, metas in enumerate(gathered):
                 if metas:
                     self._coord.submit(src, [by_id[m] if m.__class__ is int else m for m in metas])
@@ -644,21 +622,6 @@ class Engine:
         responses = self._ctrl.bcast(responses, root=0)
         if responses:
             self._execute(responses)
-
-    def _remember(self, reqs: list[Request]) -> None:
-        """Response cache: give the signatures of allreduces that just ran (no join in effect) the next
-        ids. Every rank runs the same responses in the same order, so ids agree without being sent."""
-        ids, by_id = self._ids, self._by_id
-        for r in reqs:
-            if r.cid is None and len(by_id) < CACHE_CAPACITY:
-                m = r.meta()
-                if m not in ids:
-                    ids[m] = len(by_id)
-                    by_id.append(m)
-                    self._fusion.append((None, 0) if r.splits == GROUP else (
-                        (r.dtype, r.op, r.prescale, r.postscale, r.device),
-                        math.prod(r.shape) * wire_dtype(r.dtype).itemsize))
-        self._words = rounds.words(len(by_id))
 
     def _execute(self, responses: list[tuple]) -> None:
         """Run a phase's responses (negotiation.py), in order."""
@@ -679,7 +642,7 @@ class Engine:
             if kind == "allreduce":
                 req = reqs[0]
                 if info is None:  # no join in effect: every rank has every request
-                    self._remember(reqs)
+                    self._cache.add(reqs)
                     self._finish_reduced(reqs, self._reduce(names, reqs))
                     continue
                 if (req is not None and req.splits == GROUP) or len(info[5]) != len(names):
