@@ -44,3 +44,13 @@ def test_batches_fuse_by_key_up_to_the_threshold_and_keep_groups_alone():
     assert cache.batches([0, 1, 2, 3, 4, 5], threshold=32) == [[3], [0, 1], [4], [2], [5]]
     assert cache.batches([0, 1, 2, 3, 4, 5], threshold=1 << 20) == [[3], [0, 1, 4], [2], [5]]
     assert cache.batches([4], threshold=0) == [[4]]
+
+
+def test_plan_is_the_batches_of_a_mask_remembered():
+    cache = ResponseCache()
+    cache.add([req("a"), req("b"), req("c", op=Average)])
+    mask = 0b111
+    plan = cache.plan(mask, threshold=1 << 20)
+    assert plan == cache.batches([0, 1, 2], 1 << 20) == [[0, 1], [2]]
+    assert cache.plan(mask, threshold=1 << 20) is plan  # remembered
+    assert cache.plan(mask, threshold=16) == [[0], [1], [2]]  # another threshold, another plan

@@ -262,7 +262,24 @@ def _make_async(builder, doc_of):
 
 
 allreduce_async = _make_async(_allreduce, allreduce)
-allreduce_async_ = _make_async(_allreduce_, allreduce_)
+
+
+def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=None) -> int:
+    """Start allreduce_ and return a handle for poll/synchronize."""
+    eng = state.engine(process_set)
+    if tensor.__class__ is np.ndarray:
+        flags = tensor.flags
+        if flags.c_contiguous and flags.writeable:  # the usual case (one call per gradient), in few steps
+            flat = tensor.reshape(-1)
+            req = rq.allreduce(flat, flat, tensor.shape, dtype_name(tensor.dtype),
+                               name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
+                               op, prescale_factor, postscale_factor)
+            eng.submit([req])
+            return state.add_handle([req.handle], lambda _: tensor, eng)
+    return submit(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
+
+
 grouped_allreduce_async = _make_async(_grouped_allreduce, grouped_allreduce)
 allgather_async = _make_async(_allgather, allgather)
 broadcast_async = _make_async(_broadcast, broadcast)

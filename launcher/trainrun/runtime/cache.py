@@ -23,7 +23,8 @@ class ResponseCache:
         self.metas: list[tuple] = []      # id -> meta
         self._fusion: list[tuple] = []    # id -> (fusion key, or None for a group; bytes on the wire)
         self._solo: dict[int, bytes] = {}
-        self.words = rounds.words(0)      # a round's size in 64-bit words, for this many ids
+        self._plans: dict[tuple, list] = {}  # (agreed mask, threshold) -> batches (a training step agrees
+        self.words = rounds.words(0)         # the same set of ops every time); a round's size in words
 
     def add(self, reqs) -> None:
         """Number the signatures of these allreduce requests (they just ran, no join in effect)."""
@@ -44,6 +45,16 @@ class ResponseCache:
         if send is None or len(send) != 16 * self.words:
             send = self._solo[cid] = rounds.encode(0, 1 << cid, self.words)
         return send
+
+    def plan(self, mask: int, threshold: int) -> list[list[int]]:
+        """`batches` of the ids in `mask`, remembered (a few hundred distinct masks at most)."""
+        key = (mask, threshold)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 256:
+                self._plans.clear()
+            plan = self._plans[key] = self.batches(rounds.ids(mask), threshold)
+        return plan
 
     def batches(self, cids: list[int], threshold: int) -> list[list[int]]:
         """The reductions that run `cids` (ascending), in order: a group alone; other ops fused by

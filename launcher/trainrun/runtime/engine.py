@@ -568,15 +568,14 @@ class Engine:
         same on every rank."""
         self._mask &= ~ready
         bycid = self._bycid
-        cids = rounds.ids(ready)
-        if len(cids) == 1:
-            req = bycid.pop(cids[0])
+        if not ready & (ready - 1):  # one op
+            req = bycid.pop(ready.bit_length() - 1)
             self._negotiated([req])
             self._finish_reduced([req], self._reduce([req.name], [req]))
             return
-        self._negotiated([bycid[c] for c in cids])
-        for batch in self._cache.batches(cids, self._threshold):
+        for batch in self._cache.plan(ready, self._threshold):
             reqs = [bycid.pop(c) for c in batch]
+            self._negotiated(reqs)
             self._finish_reduced(reqs, self._reduce([r.name for r in reqs], reqs))
 
     def _reduce(self, names: list[str], reqs: list[Request]) -> list:
