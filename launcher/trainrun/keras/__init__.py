@@ -9,7 +9,10 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
-import keras  # noqa: E402
+try:
+    import keras  # noqa: E402
+except ImportError as e:
+    raise ImportError(f"trainrun.keras needs Keras 3 ({e}): pip install 'trainrun[keras]'") from e
 
 if keras.backend.backend() != "torch":
     raise ImportError(f"trainrun.keras needs Keras 3 with the torch backend, not {keras.backend.backend()!r}: "

@@ -45,6 +45,9 @@ def init(comm=None, process_sets=None) -> None:
         raise ValueError("comm must be an mpi4py communicator (lists of ranks are not supported)")
     with _lock:
         if _engine is not None:
+            if process_sets:
+                raise ValueError("trainrun is initialized already: register more process sets with "
+                                 "add_process_set() (init's process_sets apply to the first init only)")
             return
         from mpi4py import MPI
 
@@ -67,8 +70,6 @@ def init(comm=None, process_sets=None) -> None:
             atexit.register(_at_exit)
             sys.excepthook = _noting_crash(sys.excepthook)
             _atexit_registered = True
-
-
     for ps in process_sets or ():
         add_process_set(ps)
 
@@ -106,6 +107,8 @@ def add_process_set(process_set) -> ProcessSet:
 
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     world, topo = _world, topology()
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # each set's engine thread calls MPI on its own
+        raise RuntimeError("process sets need MPI initialized with MPI_THREAD_MULTIPLE (mpi4py's default)")
     # every rank takes part in this first collective whatever it passed, then every check below
     # decides the same everywhere (the registry is the same on every rank): no rank is left waiting
     everyone = world.allgather((ps.ranks, ps.process_set_id))
