@@ -29,20 +29,20 @@ def launcher() -> str:
     return name
 
 
-def launch_argv(np: int, argv: list[str], using: str | None = None) -> list[str]:
+def launch_argv(np: int, argv: list[str], using: str | None = None, hosts: list[str] = ()) -> list[str]:
     """The command line that starts `argv` as `np` ranks of one MPI world (`using`: a launcher name,
-    default launcher())."""
-    if (using or launcher()) == "trainrun":
-        return [sys.executable, "-m", "trainrun", "-np", str(np), *argv]
+    default launcher(); `hosts`: more trainrun options, e.g. -H and --ssh-config for remote hosts)."""
+    if hosts or (using or launcher()) == "trainrun":
+        return [sys.executable, "-m", "trainrun", "-np", str(np), *hosts, *argv]
     return [str(MPIEXEC), "-n", str(np), *argv]
 
 
-def run_ranks(script: Path, np: int, args=(), env=None, timeout=120, using: str | None = None
-              ) -> subprocess.CompletedProcess:
+def run_ranks(script: Path, np: int, args=(), env=None, timeout=120, using: str | None = None,
+              hosts: list[str] = ()) -> subprocess.CompletedProcess:
     """Run to completion. On timeout the launcher gets SIGTERM first (it then ends its ranks and removes
     the job's /dev/shm segments), SIGKILL only if it does not exit; raises subprocess.TimeoutExpired."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    argv = launch_argv(np, [sys.executable, str(script), *args], using)
+    argv = launch_argv(np, [sys.executable, str(script), *args], using, hosts)
     with subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -57,11 +57,12 @@ def run_ranks(script: Path, np: int, args=(), env=None, timeout=120, using: str 
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def run_cases(worker: str, np: int, out_dir: Path, env=None, timeout=120) -> dict[str, list]:
-    """Run a worker's cases on `np` ranks. Raises AssertionError (with output) if the run itself failed."""
+def run_cases(worker: str, np: int, out_dir: Path, env=None, timeout=120, hosts: list[str] = ()) -> dict[str, list]:
+    """Run a worker's cases on `np` ranks (on `hosts`: trainrun options placing them on remote hosts).
+    Raises AssertionError (with output) if the run itself failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        proc = run_ranks(WORKERS / f"{worker}.py", np, [str(out_dir)], env, timeout)
+        proc = run_ranks(WORKERS / f"{worker}.py", np, [str(out_dir)], env, timeout, hosts=hosts)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"{worker} -np {np} timed out after {timeout}s:\n{e.stdout}\n{e.stderr}") from None
     results = {}

@@ -48,9 +48,13 @@ def close(got, want, dtype):
 
 @case
 def topology():
+    """One host (tests/runtime) or TRAINRUN_TEST_HOSTS hosts with the same slots each (tests/cluster)."""
+    hosts = int(os.environ.get("TRAINRUN_TEST_HOSTS", "1"))
+    per_host = hvd.size() // hosts
     assert hvd.size() == int(os.environ["PMI_SIZE"]) and hvd.rank() == int(os.environ["PMI_RANK"])
-    assert (hvd.local_size(), hvd.local_rank()) == (hvd.size(), hvd.rank())  # one host
-    assert (hvd.cross_size(), hvd.cross_rank()) == (1, 0) and hvd.is_homogeneous() and hvd.is_initialized()
+    assert (hvd.local_size(), hvd.local_rank()) == (per_host, hvd.rank() % per_host)
+    assert (hvd.cross_size(), hvd.cross_rank()) == (hosts, hvd.rank() // per_host)
+    assert hvd.is_homogeneous() and hvd.is_initialized()
 
 
 @case
