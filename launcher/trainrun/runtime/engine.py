@@ -434,6 +434,7 @@ class Engine:
                             seen = self._rounds
                             continue
                         idle_round = True  # take part in a round: others may need this rank's answer
+                        seen = self._rounds + 1  # (that round itself is no sign of activity)
                         break
                 if self._closed:
                     return

@@ -1,4 +1,5 @@
-"""Process-wide runtime state: init/shutdown, topology queries, and the handle table.
+"""Process-wide runtime state: init/shutdown, process sets (one engine each), topology queries, and
+the handle table.
 
 `init()` is idempotent and collective (all ranks call it); `shutdown()` too, and it also runs at exit
 -- except after an unhandled exception, when this rank aborts instead (Engine.abort), so the others
