@@ -2,7 +2,8 @@
 
 Same names and semantics as horovod.torch, with NumPy arrays in place of tensors: `*_async` return
 int handles for `poll`/`synchronize`; trailing-underscore variants work in place; ops are Average
-(default), Sum, Min, Max, Product. Inputs need not be contiguous (a contiguous copy is made then).
+(default), Sum, Min, Max, Product; `process_set=` picks the set's engine (state.engine). Inputs need
+not be contiguous (a contiguous copy is made then).
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def _allreduce(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscal
     return [req], (lambda _: out)
 
 
-def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> np.ndarray:
+def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
     eng = state.engine(process_set)
     return run(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor), eng)

@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from trainrun.runtime import api, requests as rq, state
-from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401
 from trainrun.runtime.backends import nccl
 from trainrun.runtime.collectives import split_rows
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch.compression import Compression
+
 
 def handle_average_backwards_compatibility(op, average):
     """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
