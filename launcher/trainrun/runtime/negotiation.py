@@ -89,11 +89,6 @@ class Coordinator:
     def pending(self) -> bool:
         return bool(self._table or self._joined or self._aborted)
 
-    def due(self) -> bool:
-        """Whether `responses()` may return something now (cheap; the driver asks on every poll)."""
-        return bool(self._ready or self._joined or self._aborted) or \
-            (bool(self._first) and self._clock() >= self._next_stall_check)
-
     def stall_check_due(self) -> bool:
         """Some name waits on some ranks and the next stall check is due."""
         return bool(self._first) and self._clock() >= self._next_stall_check

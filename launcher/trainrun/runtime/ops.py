@@ -30,10 +30,6 @@ class Handle:
         self.error: BaseException | None = None
         self.name = name
 
-    def finish(self, result=None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done = True
-
 
 class Request:
     """One rank's side of a named collective.

@@ -7,17 +7,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import trainrun.runtime as hvd  # noqa: E402
-from harness import case, main  # noqa: E402
-
-
-def expect(exc_type, call, *fragments):
-    try:
-        call()
-    except exc_type as e:
-        missing = [f for f in fragments if f not in str(e)]
-        assert not missing, f"{exc_type.__name__} message lacks {missing}: {e}"
-        return str(e)
-    raise AssertionError(f"expected {exc_type.__name__}")
+from harness import case, expect, main  # noqa: E402
 
 
 @case

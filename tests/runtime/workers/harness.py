@@ -12,6 +12,17 @@ import traceback
 CASES = []
 
 
+def expect(exc_type, call, *fragments) -> str:
+    """Run `call`, which must raise `exc_type` with every fragment in its message; returns the message."""
+    try:
+        call()
+    except exc_type as e:
+        missing = [f for f in fragments if f not in str(e)]
+        assert not missing, f"{exc_type.__name__} message lacks {missing}: {e}"
+        return str(e)
+    raise AssertionError(f"expected {exc_type.__name__}")
+
+
 def case(fn):
     CASES.append(fn)
     return fn

@@ -10,19 +10,9 @@ import torch  # noqa: E402
 
 import trainrun.runtime as hvd  # noqa: E402
 import trainrun.torch as thvd  # noqa: E402
-from harness import case, main  # noqa: E402
+from harness import case, expect, main  # noqa: E402
 
 SETS = {}
-
-
-def expect(exc_type, call, *fragments):
-    try:
-        call()
-    except exc_type as e:
-        missing = [f for f in fragments if f not in str(e)]
-        assert not missing, f"{exc_type.__name__} message lacks {missing}: {e}"
-        return
-    raise AssertionError(f"expected {exc_type.__name__}")
 
 
 def mine():
