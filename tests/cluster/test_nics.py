@@ -9,27 +9,34 @@ import time
 import pytest
 
 from trainrun.errors import HostsError
-from trainrun.nics import probe_hosts, probe_served
-from trainrun.ssh import SSHOptions, connect_all, remote_command
+from trainrun.fanout.ssh import SSHOptions
+from trainrun.fanout.ssh_engine import SSHEngine
+from trainrun.net.nics import probe_hosts, probe_served
+from trainrun.plan.hosts import HostSpec
 
 
 @pytest.fixture(scope="module")
-def clients(cluster):
-    clients = connect_all([h.name for h in cluster.hosts], SSHOptions(ssh_config=str(cluster.ssh_config)))
-    yield clients
-    for c in clients.values():
-        c.close()
+def engine(cluster):
+    engine = SSHEngine(SSHOptions(ssh_config=str(cluster.ssh_config)), sys.executable)
+    assert engine.reach([HostSpec(h.name) for h in cluster.hosts]) == {}
+    yield engine
+    engine.close()
 
 
-def test_probe_finds_eth0_and_eth1(clients, cluster):
-    result = probe_hosts(clients, sys.executable)
+@pytest.fixture(scope="module")
+def hosts(cluster):
+    return [h.name for h in cluster.hosts]
+
+
+def test_probe_finds_eth0_and_eth1(engine, hosts, cluster):
+    result = probe_hosts(engine, hosts, sys.executable)
     assert [r.name for r in result.routable()] == ["eth0", "eth1"]
     assert [r.name for r in result.routable(include_excluded=True)] == ["eth0", "eth1"]
     assert {n.name for n in result.reports["h2"]} >= {"eth0", "eth1", "eth2", "docker0"}
     assert result.reach[("h1", "h2", "eth1", cluster.host(2).data_ip)] == "ok"
     assert result.reach[("h1", "h2", "eth2", "10.243.0.3")] != "ok"
     assert result.reach[("h3", "h1", "docker0", "172.17.0.1")] != "ok"
-    servers_end("trainrun.nics serve h")
+    servers_end("trainrun.net.nics serve h")
 
 
 def servers_end(pattern):
@@ -39,23 +46,21 @@ def servers_end(pattern):
         time.sleep(0.05)
 
 
-def test_facts_server_reports_facts_then_serves_the_probe(clients, cluster):
+def test_facts_server_reports_facts_then_serves_the_probe(engine, hosts, cluster):
     """`python -m trainrun.facts serve` (what --check starts): facts on the first line, then a probe server
     that probe_served uses as it is; it ends when its channel closes."""
     channels, tables = {}, {}
     try:
-        for h, c in clients.items():
-            ch = channels[h] = c.get_transport().open_session()
-            ch.settimeout(30)
-            ch.exec_command(remote_command([sys.executable, "-m", "trainrun.facts", "serve", h, f"nonce-{h}"]))
+        for h in hosts:
+            channels[h] = engine.run_module(h, "trainrun.facts", "serve", h, f"nonce-{h}")
         for h, ch in channels.items():
-            tables[h] = json.loads(ch.makefile("rb").readline())
+            tables[h] = json.loads(ch.readline())
         facts = tables["h2"].pop("facts")
         assert facts["hostname"] == "h2" and facts["vendor"] == "MPICH" and facts["nics"] == tables["h2"]["nics"]
         addr, port = next((a, p) for n, a, p in tables["h2"]["listen"] if n == "eth0")
         with socket.create_connection((addr, port), timeout=5) as s:
             assert s.makefile("rb").readline() == b"h2 nonce-h2\n"
-        result = probe_served(clients, sys.executable, tables, {h: f"nonce-{h}" for h in clients})
+        result = probe_served(engine, sys.executable, tables, {h: f"nonce-{h}" for h in hosts})
         assert [r.name for r in result.routable()] == ["eth0", "eth1"]
         assert result.reach[("h3", "h2", "eth1", cluster.host(2).data_ip)] == "ok"
     finally:
@@ -64,8 +69,8 @@ def test_facts_server_reports_facts_then_serves_the_probe(clients, cluster):
     servers_end("trainrun.facts serve h")
 
 
-def test_probe_names_hosts_without_trainrun(clients):
+def test_probe_names_hosts_without_trainrun(engine, hosts):
     with pytest.raises(HostsError) as e:
-        probe_hosts(clients, "/usr/bin/python3")
+        probe_hosts(engine, hosts, "/usr/bin/python3")
     assert [f.host for f in e.value.failures] == ["h1", "h2", "h3"]
     assert all(f.stage == "probe" and "trainrun" in str(f) for f in e.value.failures)

@@ -4,8 +4,8 @@ import subprocess
 import pytest
 
 from trainrun.errors import HostsError
-from trainrun import ssh
-from trainrun.ssh import SSHOptions, connect, connect_all, known_hosts_lines
+from trainrun.fanout import ssh
+from trainrun.fanout.ssh import SSHOptions, connect, connect_all, known_hosts_lines
 
 NAMES = ["h1", "h2", "h3"]
 

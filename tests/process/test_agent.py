@@ -1,4 +1,4 @@
-"""The agent protocol end to end, with the agent in a local subprocess (PipeLink) instead of SSH."""
+"""The agent protocol end to end, with the agent in a local subprocess (PipeEngine) instead of SSH."""
 import json
 import os
 import sys
@@ -6,14 +6,28 @@ import time
 
 import pytest
 
-from trainrun import wire
-from trainrun.envcontract import JobInfo
-from trainrun.hosts import HostSpec
-from trainrun.job import ProcessGroup
-from trainrun.output import OutputSink
-from trainrun.placement import assign_ranks
-from trainrun.plan import build_plan
-from trainrun.remote import local_agent
+from trainrun.agent import wire
+from trainrun.agent.messages import AgentJob
+from trainrun.fanout.agents import open_agents
+from trainrun.fanout.pipe_engine import PipeEngine
+from trainrun.plan.envcontract import JobInfo
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.placement import assign_ranks
+from trainrun.plan.spec import build_plan
+from trainrun.run.job import Job
+from trainrun.run.local import LocalRanks
+from trainrun.run.output import OutputSink
+
+
+def local_agent(host):
+    return open_agents(PipeEngine(), [HostSpec(host)], timeout=30)[host]
+
+
+def run_with_agent(plan, agent, sink, grace=1, heartbeat_timeout=15.0):
+    """The launch path's Job: this machine's ranks as LocalRanks, the agent's through it."""
+    agent.assign(plan.by_host()[agent.host], pmi=True, python=sys.executable, env={}, heartbeat_timeout=heartbeat_timeout)
+    local = [p for p in plan.procs if p.host != agent.host]
+    return Job(plan, sink, [LocalRanks(local, pmi=True), agent], grace=grace).run()
 
 
 def run(code, tmp_path, np=4):
@@ -21,7 +35,7 @@ def run(code, tmp_path, np=4):
     plan = build_plan(a, JobInfo("t", "127.0.0.1", 29555), (sys.executable, "-c", code), str(tmp_path), {})
     out, err = open(tmp_path / "out", "wb+"), open(tmp_path / "err", "wb+")
     agent = local_agent("far")
-    result = ProcessGroup(plan, OutputSink(out=out, err=err), agents={"far": agent}, python=sys.executable, grace=1).run()
+    result = run_with_agent(plan, agent, OutputSink(out=out, err=err))
     out.seek(0)
     err.seek(0)
     return result, out.read().decode(), err.read().decode(), agent
@@ -39,7 +53,8 @@ def test_frames_roundtrip_in_pieces():
 def test_agent_hello_reports_host_facts():
     agent = local_agent("far")
     try:
-        assert agent.facts["cpus"] >= 1 and agent.facts["python"] and agent.facts["free_port"] > 0
+        assert agent.facts.cpus >= 1 and agent.facts.python and agent.facts.free_port > 0
+        assert any(n.name == "lo" for n in agent.facts.nics)
     finally:
         agent.link.close(wait=5)
 
@@ -79,8 +94,8 @@ def test_a_silent_agent_is_lost_after_the_heartbeat_timeout(tmp_path):
     threading.Timer(1.0, os.kill, (agent.link.proc.pid, signal.SIGSTOP)).start()
     t0 = time.monotonic()
     try:
-        result = ProcessGroup(plan, OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb")),
-                              agents={"far": agent}, python=sys.executable, grace=1, heartbeat_timeout=3).run()
+        result = run_with_agent(plan, agent, OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb")),
+                                heartbeat_timeout=3)
     finally:
         os.kill(agent.link.proc.pid, signal.SIGCONT)
     assert result.exit_code == 255 and time.monotonic() - t0 < 20
@@ -89,12 +104,10 @@ def test_a_silent_agent_is_lost_after_the_heartbeat_timeout(tmp_path):
 
 def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
     """Launcher cut off (no frames): the agent kills its ranks and exits after its patience."""
-    from trainrun.plan import spec_to_dict
-
     a = assign_ranks([HostSpec("far", 1)], 1)
     plan = build_plan(a, JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
     agent = local_agent("far")
-    agent.link.write(wire.json_frame(wire.JOB, {"procs": [spec_to_dict(plan.procs[0])], "pmi": False, "python": "", "patience": 1.5}))
+    agent.link.write(wire.frame(wire.JOB, -1, AgentJob((plan.procs[0],), pmi=False, python="", patience=1.5).to_bytes()))
     assert agent.link.proc.wait(15) == 0  # no more frames from us: it ends by itself
     started = [json.loads(p) for k, _, p in agent.reader.feed(agent.link.proc.stdout.read()) if k == wire.STARTED]
     pid = started[0]["0"]
@@ -104,17 +117,16 @@ def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
 
 def test_the_agent_removes_its_hosts_shm_segments(tmp_path):
     """On a remote host only the agent can remove what a killed MPI job left in /dev/shm there."""
-    from trainrun import pmi
-    from trainrun.plan import spec_to_dict
+    from trainrun.mpi import shm
 
-    kvsname = pmi.kvsname_for(f"agenttest{os.getpid()}")
-    segment = f"/dev/shm/mpich_shm_{pmi.world_id(kvsname):x}_1"
+    kvsname = shm.kvsname_for(f"agenttest{os.getpid()}")
+    segment = f"/dev/shm/mpich_shm_{shm.world_id(kvsname):x}_1"
     code = f"open({segment!r}, 'w').write('left by a killed rank')"
     plan = build_plan(assign_ranks([HostSpec("far", 1)], 1), JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", code),
                       str(tmp_path), {})
     agent = local_agent("far")
-    agent.link.write(wire.json_frame(wire.JOB, {"procs": [spec_to_dict(plan.procs[0])], "pmi": True, "python": "",
-                                                "kvsname": kvsname}))
+    agent.link.write(wire.frame(wire.JOB, -1, AgentJob((plan.procs[0],), pmi=True, python="", patience=60.0,
+                                                       kvsname=kvsname).to_bytes()))
     try:
         assert agent.link.proc.wait(30) == 0
         assert not os.path.exists(segment)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.hosts import HostSpec
-from trainrun.envcontract import JobInfo
-from trainrun.openmpi import mpirun_argv
-from trainrun.placement import assign_ranks
-from trainrun.plan import build_plan
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.envcontract import JobInfo
+from trainrun.mpi.openmpi import mpirun_argv
+from trainrun.plan.placement import assign_ranks
+from trainrun.plan.spec import build_plan
 
 VENV = Path(os.environ.get("TRAINRUN_OMPI_VENV", "/tmp/trainrun-openmpi-venv"))
 
@@ -24,7 +24,23 @@ def test_mpirun_argv_from_plan():
     assert "--allow-run-as-root" in argv and "--oversubscribe" in argv
     assert argv[argv.index("btl_tcp_if_include") + 1] == "eth1"
     assert "FOO=1" in argv and not any(a.startswith("RANK=") for a in argv)
-    assert argv[-5:] == ["trainrun-rank", "2 1", "python", "t.py", "x y"]
+    assert argv[-8:-5] == [sys.executable, "-m", "trainrun.mpi.ompi_rank"] and argv[-5] == "2 1"
+    assert JobInfo.from_arg(argv[-4]) == JobInfo("j", "a", 1)
+    assert argv[-3:] == ["python", "t.py", "x y"]
+
+
+def test_ompi_rank_shim_derives_the_same_contract_as_placement():
+    """Every rank's env under Open MPI equals what trainrun's own placement gives it (one contract)."""
+    from trainrun.mpi.ompi_rank import assignment_from_ompi
+    from trainrun.plan.envcontract import rank_env
+
+    job = JobInfo("j", "a", 1, nics=("eth1",))
+    for a in assign_ranks([HostSpec("a", 3), HostSpec("b", 1), HostSpec("c", 2)], 6):
+        ompi = {"OMPI_COMM_WORLD_RANK": a.rank, "OMPI_COMM_WORLD_SIZE": a.size, "OMPI_COMM_WORLD_NODE_RANK": a.local_rank,
+                "OMPI_COMM_WORLD_LOCAL_RANK": a.local_rank, "OMPI_COMM_WORLD_LOCAL_SIZE": a.local_size}
+        got = rank_env(assignment_from_ompi({k: str(v) for k, v in ompi.items()}, [3, 1, 2]), job)
+        want = rank_env(a, job)
+        assert {k: v for k, v in got.items() if k != "TRAINRUN_HOSTNAME"} == {k: v for k, v in want.items() if k != "TRAINRUN_HOSTNAME"}
 
 
 @pytest.fixture(scope="session")

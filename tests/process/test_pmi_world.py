@@ -1,4 +1,4 @@
-"""Real MPICH ranks (mpi4py) form one MPI_COMM_WORLD served by trainrun.pmi over PMI_FD socket pairs.
+"""Real MPICH ranks (mpi4py) form one MPI_COMM_WORLD served by trainrun.mpi.pmi over PMI_FD socket pairs.
 
 The select() driver here is a stand-in for the launcher's event loop (job.py): it only moves bytes
 between the rank sockets and `PmiServer`, and stops at an abort, when all sockets close, or at a deadline.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from trainrun import pmi
+from trainrun.mpi import pmi, shm
 
 pytest.importorskip("mpi4py")
 pytestmark = pytest.mark.timeout(120)
@@ -42,7 +42,7 @@ class World:
 
     def __init__(self, program, ranks_per_node):
         size = sum(ranks_per_node)
-        self.kvsname = pmi.kvsname_for(f"test-{os.urandom(6).hex()}")
+        self.kvsname = shm.kvsname_for(f"test-{os.urandom(6).hex()}")
         self.server = pmi.PmiServer(pmi.PmiJob(size, self.kvsname, pmi.process_mapping(ranks_per_node)))
         self.procs, self.socks = [], {}
         self.initialized, self.finalized, self.errors, self.aborted = set(), set(), [], None
@@ -50,7 +50,7 @@ class World:
         for rank in range(size):
             ours, theirs = socket.socketpair()
             with theirs:
-                env = dict(base_env, **pmi.rank_env(rank, size, theirs.fileno()))
+                env = dict(base_env, **pmi.socket_env(rank, size, theirs.fileno()))
                 self.procs.append(subprocess.Popen([sys.executable, "-c", program], env=env,
                                                    pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True))
             self.socks[rank] = ours
@@ -87,7 +87,7 @@ class World:
             p.stdout.close()
         for s in self.socks.values():
             s.close()
-        return pmi.remove_shm_segments(self.kvsname)
+        return shm.remove_shm_segments(self.kvsname)
 
 
 @pytest.mark.parametrize("ranks_per_node, shared", [([4], [4, 4, 4, 4]), ([3, 1], [3, 3, 3, 1])])
@@ -115,5 +115,5 @@ def test_abort_is_reported_and_shm_segments_are_removed():
     # MPICH does not end the ranks at MPI_Abort; close() killed them (SIGKILL) and found leaked segments.
     assert [p.returncode for p in world.procs] == [-9] * 4
     assert removed, "expected MPICH's /dev/shm segment of this job to be leaked by the kill"
-    pattern = pmi.shm_segment_pattern(world.kvsname)
+    pattern = shm.shm_segment_pattern(world.kvsname)
     assert [n for n in os.listdir("/dev/shm") if pattern.fullmatch(n)] == []

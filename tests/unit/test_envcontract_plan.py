@@ -1,10 +1,11 @@
 import json
 
-from trainrun.envcontract import JobInfo, rank_env, read_rank_env
-from trainrun.gpus import gpu_pool, parse_nvidia_smi
-from trainrun.hosts import HostSpec
-from trainrun.placement import assign_ranks
-from trainrun.plan import build_plan, plan_json, plan_table, redacted
+from trainrun.plan.envcontract import JobInfo, rank_env, read_rank_env
+from trainrun.facts.gpus import gpu_pool, parse_nvidia_smi
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.placement import assign_ranks
+from trainrun.plan.render import plan_json, plan_table, redacted
+from trainrun.plan.spec import build_plan
 
 JOB = JobInfo("job1", "10.0.0.1", 29500)
 

@@ -1,7 +1,7 @@
 """The example hostfiles shipped in hostfiles/ parse to what their comments say."""
 from pathlib import Path
 
-from trainrun.hosts import HostSpec, read_hostfile
+from trainrun.plan.hosts import HostSpec, read_hostfile
 
 DIR = Path(__file__).parents[2] / "hostfiles"
 

@@ -1,7 +1,7 @@
 import pytest
 
 from trainrun.errors import UsageError
-from trainrun.hosts import HostSpec, is_local_name, parse_hostfile_text, parse_hosts_arg
+from trainrun.plan.hosts import HostSpec, is_local_name, parse_hostfile_text, parse_hosts_arg
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from trainrun.nics import Nic, ProbeResult, RoutableNic, local_nics, probe, probe_targets, routable_nics
+from trainrun.net.nics import Nic, ProbeResult, RoutableNic, local_nics, probe, probe_targets, routable_nics
 
 H = ["h1", "h2", "h3"]
 
@@ -123,13 +123,28 @@ def test_probe_checks_identity_on_loopback():
 
 
 def test_cached_nics_must_still_be_up_everywhere():
-    from trainrun.check_run import nics_present
+    from trainrun.facts.model import HostFacts
+    from trainrun.net.choice import nics_present
 
-    up = {"name": "eth1", "up": True, "addresses": ["10.0.0.1/24"]}
-    down = {**up, "up": False}
-    assert nics_present(["eth1"], {"a": [up], "b": [up]})
-    assert not nics_present(["eth1"], {"a": [up], "b": [down]})
-    assert not nics_present(["eth1", "ib0"], {"a": [up], "b": [up]})
+    def host(*nics):
+        return HostFacts(hostname="h", cpus=1, python="p", trainrun="t", nics=nics)
+
+    up = Nic("eth1", ("10.0.0.1/24",))
+    down, bare = Nic("eth1", ("10.0.0.1/24",), up=False), Nic("eth1")
+    assert nics_present(["eth1"], {"a": host(up), "b": host(up)})
+    assert not nics_present(["eth1"], {"a": host(up), "b": host(down)})
+    assert not nics_present(["eth1"], {"a": host(up), "b": host(bare)})
+    assert not nics_present(["eth1", "ib0"], {"a": host(up), "b": host(up)})
+
+
+def test_host_facts_roundtrip_json_and_ignore_unknown_keys():
+    from trainrun.facts.model import HostFacts
+
+    f = HostFacts(hostname="h1", cpus=4, python="/p", trainrun="0.1", gpus=(0, 1), nics=(Nic("eth1", ("10.0.0.2/24",)),),
+                  vendor="MPICH", mpi="MPICH 5")
+    doc = f.to_json()
+    assert HostFacts.from_json({**doc, "from_a_newer_version": 1}) == f
+    assert f.address_on("eth1") == "10.0.0.2" and f.address_on("eth9") is None
 
 
 def test_probe_targets_are_every_other_hosts_listeners_with_their_identity():

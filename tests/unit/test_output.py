@@ -1,6 +1,6 @@
 import io
 
-from trainrun.output import MAX_LINE, OutputSink
+from trainrun.run.output import MAX_LINE, OutputSink
 
 
 def sink(**kw):

@@ -1,8 +1,8 @@
 import pytest
 
 from trainrun.errors import UsageError
-from trainrun.hosts import HostSpec
-from trainrun.placement import assign_ranks, gpus_for, ranks_per_host
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.placement import assign_ranks, gpus_for, ranks_per_host
 
 H = HostSpec
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from trainrun import pmi
+from trainrun.mpi import pmi, shm
 
 KVS = "trainrun_job1_abc"
 
@@ -155,27 +155,27 @@ def test_process_mapping_rejects_empty_nodes(bad):
 
 
 def test_kvsname_derives_from_the_job_id_as_a_valid_token():
-    assert pmi.kvsname_for("job 1/x") == "trainrun_job_1_x" == pmi.kvsname_for("job 1/x")
-    assert pmi.kvsname_for("a") != pmi.kvsname_for("b")
-    pmi.PmiJob(size=1, kvsname=pmi.kvsname_for("job 1/x"), process_mapping="(vector,(0,1,1))")
+    assert shm.kvsname_for("job 1/x") == "trainrun_job_1_x" == shm.kvsname_for("job 1/x")
+    assert shm.kvsname_for("a") != shm.kvsname_for("b")
+    pmi.PmiJob(size=1, kvsname=shm.kvsname_for("job 1/x"), process_mapping="(vector,(0,1,1))")
 
 
 def test_world_id_is_mpich_fnv1a():
     # Seen on this machine: KVS trainrun_scratch_2d80d2dc8e4e -> /dev/shm/mpich_shm_32089d8d_{0,1}
-    assert pmi.world_id("trainrun_scratch_2d80d2dc8e4e") == 0x32089D8D
-    assert pmi.world_id("") == 2166136261
+    assert shm.world_id("trainrun_scratch_2d80d2dc8e4e") == 0x32089D8D
+    assert shm.world_id("") == 2166136261
 
 
 def test_remove_shm_segments_only_this_jobs(tmp_path):
-    mine = f"{pmi.world_id(KVS):x}"
+    mine = f"{shm.world_id(KVS):x}"
     names = [f"mpich_shm_{mine}_0", f"mpich_vci_{mine}_1", f"mpich_shm_{mine}1_0", "mpich_shm_deadbeef_0",
              f"mpich_shm_{mine}_0.bak", "other"]
     for name in names:
         (tmp_path / name).write_bytes(b"")
-    removed = pmi.remove_shm_segments(KVS, shm_dir=str(tmp_path))
+    removed = shm.remove_shm_segments(KVS, shm_dir=str(tmp_path))
     assert removed == [str(tmp_path / names[0]), str(tmp_path / names[1])]
     assert sorted(os.listdir(tmp_path)) == sorted(names[2:])
 
 
-def test_rank_env():
-    assert pmi.rank_env(3, 8, 11) == {"PMI_FD": "11", "PMI_RANK": "3", "PMI_SIZE": "8"}
+def test_socket_env():
+    assert pmi.socket_env(3, 8, 11) == {"PMI_FD": "11", "PMI_RANK": "3", "PMI_SIZE": "8"}

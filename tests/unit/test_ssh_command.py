@@ -11,7 +11,7 @@ import paramiko
 import pytest
 
 from trainrun.errors import UsageError
-from trainrun.ssh import SSHOptions, SSHTarget, UnknownHostKey, classify, known_hosts_lines, remote_command, resolve
+from trainrun.fanout.ssh import SSHOptions, SSHTarget, UnknownHostKey, classify, known_hosts_lines, remote_command, resolve
 
 NASTY = ["a b", "it's", 'say "hi"', "x; rm -rf /", "$(touch /tmp/pwned)", "`id`", "a\nb", "tab\there",
          "ünïcødé ✓", "*", "~", "$HOME", "back\\slash", "--flag", "", "!event", "a'\"'b", "#comment"]
@@ -147,7 +147,7 @@ def test_match_exec_still_works_with_lazy_invoke(tmp_path):
 
     config = tmp_path / "config"
     config.write_text('Match exec "true"\n  Port 2201\nMatch exec "false"\n  User nobody\n')
-    code = ("import sys; from trainrun.ssh import resolve, SSHOptions; assert 'invoke' not in sys.modules; "
+    code = ("import sys; from trainrun.fanout.ssh import resolve, SSHOptions; assert 'invoke' not in sys.modules; "
             f"t = resolve('n1', SSHOptions(ssh_config={str(config)!r})); print(t.port, t.user)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     port, user = out.stdout.split()

@@ -3,7 +3,7 @@
 The MPI world is the source of truth: size/rank from COMM_WORLD, local from a shared-memory split,
 cross from splitting by local rank. When the launcher's env contract (TRAINRUN_*, read with
 envcontract.read_rank_env) is present it must agree; a disagreement means the world was formed
-wrongly (see FACTS.md: a PMI mistake gives size 1 with no error) and is raised as RuntimeError
+wrongly (a PMI mistake gives size 1 with no error) and is raised as RuntimeError
 rather than training on a wrong topology.
 """
 from __future__ import annotations
@@ -11,22 +11,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from trainrun.plan.coords import COORDS, RankCoords
+
 
 @dataclass(frozen=True)
-class Topology:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-    is_homogeneous: bool
+class Topology(RankCoords):
+    """This rank's coordinates as the MPI world says, and whether every host runs as many ranks."""
 
-    def __post_init__(self):
-        for r, s, what in ((self.rank, self.size, ""), (self.local_rank, self.local_size, "local_"),
-                           (self.cross_rank, self.cross_size, "cross_")):
-            if not 0 <= r < s:
-                raise ValueError(f"{what}rank {r} out of range for {what}size {s}")
+    is_homogeneous: bool = True
 
 
 def from_mpi(comm) -> Topology:
@@ -48,13 +40,10 @@ def from_mpi(comm) -> Topology:
     return topo
 
 
-_FIELDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")
-
-
 def check_env(topo: Topology, environ) -> None:
     """Raise RuntimeError naming every TRAINRUN_* variable that disagrees with the MPI world (the
     contract is read by envcontract.read_rank_env; nothing to check when the launcher set none)."""
-    from trainrun.envcontract import read_rank_env
+    from trainrun.plan.envcontract import read_rank_env
 
     try:
         env = read_rank_env(environ)
@@ -64,7 +53,7 @@ def check_env(topo: Topology, environ) -> None:
     if env is None:
         return
     wrong = [f"TRAINRUN_{field.upper()}={getattr(env, field)} but MPI says {getattr(topo, field)}"
-             for field in _FIELDS if getattr(env, field) != getattr(topo, field)]
+             for field in COORDS if getattr(env, field) != getattr(topo, field)]
     if wrong:
         raise RuntimeError("trainrun: the MPI world disagrees with the launcher's environment: "
                            + "; ".join(wrong)

@@ -1,0 +1,125 @@
+"""The per-host agent (`python -m trainrun.agent`) that a fan-out engine starts on every remote host.
+
+It reports its host's facts (HELLO), waits for its share of the job (JOB), starts those ranks with
+the same LocalRanks the launcher uses for its own host, and relays their output, exits and PMI
+lines over stdout as frames (wire.py), taking SIGNAL/KILL/PMI frames on stdin.
+
+Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
+dropped) the agent SIGKILLs every process group of its ranks and exits; if the agent itself is
+killed, its Watchdog does the same. When all its ranks have exited it exits 0.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+import time
+from dataclasses import replace
+
+from trainrun.agent import wire
+from trainrun.errors import TrainrunError
+from trainrun.facts.collect import launch_facts
+from trainrun.agent.messages import AgentJob
+from trainrun.run.local import LocalRanks
+from trainrun.run.watchdog import Watchdog
+
+
+class Agent:
+    def __init__(self, out_fd: int = 1, in_fd: int = 0):
+        self.out_fd, self.in_fd = out_fd, in_fd
+        self.reader = wire.FrameReader()
+        self.ranks: LocalRanks | None = None
+        self.sel = selectors.DefaultSelector()
+        self.done = False
+        self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
+        self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
+        self._last_heard = self._last_beat = time.monotonic()
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.out_fd, view)
+            except BrokenPipeError:  # the launcher is gone: stdin EOF follows and ends us
+                return
+            view = view[n:]
+
+    # RankEvents
+    def on_output(self, rank: int, stream: int, data: bytes) -> None:
+        self.send(wire.frame(wire.STREAM_KIND[stream], rank, data))
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        self.send(wire.frame(wire.EXIT, rank, str(returncode).encode()))
+
+    def on_pmi(self, rank: int, data: bytes) -> None:
+        self.send(wire.frame(wire.PMI, rank, data))
+
+    def on_host_lost(self, host: str, message: str) -> None:
+        """Not reported by LocalRanks (it runs on this host)."""
+
+    def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
+        """Not reported by LocalRanks (start-up errors are raised, then sent as FATAL)."""
+
+    def _on_stdin(self, watchdog: Watchdog) -> None:
+        data = os.read(self.in_fd, 1 << 16)
+        if not data:
+            self.done = True  # launcher gone: the finally in run() kills everything
+            return
+        self._last_heard = time.monotonic()
+        for kind, rank, payload in self.reader.feed(data):
+            if kind == wire.JOB:
+                self._start(AgentJob.from_bytes(payload), watchdog)
+            elif kind == wire.SIGNAL and self.ranks:
+                self.ranks.signal(int(payload))
+            elif kind == wire.KILL and self.ranks:
+                self.ranks.kill()
+            elif kind == wire.PMI and self.ranks:
+                self.ranks.pmi_send(rank, payload)
+
+    def _start(self, job: AgentJob, watchdog: Watchdog) -> None:
+        self.patience = job.patience
+        self.kvsname = job.kvsname
+        # .py programs run on the agent's interpreter (the launcher's path may not exist here)
+        specs = [replace(s, argv=(sys.executable, *s.argv[1:])) if s.argv and s.argv[0] == job.python else s
+                 for s in job.procs]
+        self.ranks = LocalRanks(specs, pmi=job.pmi)
+        try:
+            self.ranks.start(self.sel, watchdog, self)
+        except TrainrunError as err:
+            self.send(wire.frame(wire.FATAL, -1, f"{err}|{err.exit_code}".encode()))
+            self.done = True
+            return
+        self.send(wire.json_frame(wire.STARTED, {str(r): x.proc.pid for r, x in self.ranks.ranks.items()}))
+
+    def run(self) -> int:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        watchdog = Watchdog()
+        self.send(wire.json_frame(wire.HELLO, launch_facts(with_nics=True).to_json()))
+        self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))
+        try:
+            while not self.done:
+                for key, _ in self.sel.select(0.05):
+                    key.data()
+                now = time.monotonic()
+                if now - self._last_beat >= wire.HEARTBEAT_EVERY:
+                    self._last_beat = now
+                    self.send(wire.frame(wire.BEAT))
+                if now - self._last_heard > self.patience:
+                    sys.stderr.write(f"trainrun agent: no word from the launcher for {now - self._last_heard:.0f}s; killing the ranks\n")
+                    break
+                if self.ranks is not None:
+                    self.ranks.tick(now)
+                    if not self.ranks.running:
+                        break
+        finally:
+            if self.ranks is not None:
+                self.ranks.kill()
+                self.ranks.close(self.sel)
+            watchdog.close()
+            if self.kvsname:
+                from trainrun.mpi.shm import remove_shm_segments
+
+                remove_shm_segments(self.kvsname)
+        return 0
+

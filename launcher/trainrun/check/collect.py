@@ -1,0 +1,166 @@
+"""Collect what `trainrun --check` reports: every host's facts (in parallel, through the fan-out engine;
+with several hosts the same remote process then serves the NIC probe), the probe round, then the rank
+plan through the launch's own planner. report.py judges and renders.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from trainrun.check.report import CheckReport, HostCheck, evaluate
+from trainrun.errors import HostError, UsageError
+from trainrun.facts.model import HostFacts
+from trainrun.net.choice import probe_nics, save_nic_choice
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.planner import JobShape, assign, requested_np, shape_job
+
+
+@dataclass(frozen=True)
+class ProbeServer:
+    """A host's probe server, started with its facts (`python -m trainrun.facts serve HOST NONCE`): the
+    channel it runs on (closing it ends the server), its first line less the facts, and its nonce."""
+
+    channel: object
+    table: dict
+    nonce: str
+
+
+def _remote_facts(engine, host: HostSpec, timeout: float, serve: bool = False):
+    """(HostCheck, ProbeServer or None) for one reached remote host. With `serve`, the facts come from a
+    probe server started in the same remote process, left running for the probe round."""
+    nonce = os.urandom(8).hex() if serve else None
+    ch = None
+    try:
+        ch = engine.run_module(host.name, "trainrun.facts", *(["serve", host.name, nonce] if serve else []), timeout=timeout)
+        text = (ch.readline() if serve else ch.read()).decode()
+        if not serve or not text:  # a server that printed nothing has exited: its status and stderr say why
+            status = ch.exit_status()
+            if status != 0 or not text:
+                last = (ch.stderr_text().strip().splitlines() or ["no output"])[-1]
+                hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
+                ch.close()
+                return HostCheck(host.name, host.slots, "facts", f"{last}{hint}"), None
+        doc = json.loads(text)
+        if not serve:
+            ch.close()
+            return HostCheck(host.name, host.slots, facts=HostFacts.from_json(doc)), None
+        facts = HostFacts.from_json(doc.pop("facts"))
+        return HostCheck(host.name, host.slots, facts=facts), ProbeServer(ch, doc, nonce)
+    except Exception as exc:  # the engine's transport (SSH, srun) or a garbled answer: a finding, not a crash
+        if ch is not None:
+            ch.close()
+        return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), None
+
+
+def _local_facts(host: HostSpec, timeout: float) -> HostCheck:
+    """This machine's HostCheck: the same facts, no fan-out, no server."""
+    r = subprocess.run([sys.executable, "-m", "trainrun.facts"], capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        return HostCheck(host.name, host.slots, "facts", (r.stderr.strip().splitlines() or ["failed"])[-1], via="local")
+    return HostCheck(host.name, host.slots, facts=HostFacts.from_json(json.loads(r.stdout)), via="local")
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\rchecking hosts: {done}/{total} answered" + ("\n" if done == total else ""))
+        sys.stderr.flush()
+
+
+def collect_hosts(hosts: list[HostSpec], cfg, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
+    """Every host's HostCheck (in the given order) and, with `serve`, the reached remote hosts' running
+    probe servers ({host: ProbeServer}; the caller closes their channels)."""
+    remote = [h for h in hosts if not h.is_local]
+    unreached = engine.reach(remote) if remote else {}
+    timeout = cfg.ssh_timeout + 30
+    results: dict[str, HostCheck] = {
+        name: HostCheck(name, next(h.slots for h in hosts if h.name == name), err.stage,
+                        f"{err.message} ({err.hint})" if err.hint else err.message)
+        for name, err in unreached.items()}
+    servers = {}
+    todo = [h for h in hosts if h.name not in results]
+    with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(todo) or 1))) as pool:
+        futures = {pool.submit(_local_facts, h, timeout) if h.is_local
+                   else pool.submit(_remote_facts, engine, h, timeout, serve): h for h in todo}
+        _progress(len(results), len(hosts))
+        for n, fut in enumerate(futures, len(results) + 1):
+            h = futures[fut]
+            got = fut.result()
+            results[h.name], server = got if isinstance(got, tuple) else (got, None)
+            if server is not None:
+                servers[h.name] = server
+            _progress(n, len(hosts))
+    return [results[h.name] for h in hosts], servers
+
+
+def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
+    from trainrun.net.nics import is_excluded
+
+    chosen = {(h, n) for r in routable for h, n in r.ifnames}
+    rows = []
+    for host, host_nics in reports.items():
+        for nic in host_nics:
+            if nic.name == "lo":
+                continue
+            if (host, nic.name) in chosen:
+                verdict = "routable"
+            elif is_excluded(nic.name):
+                verdict = "excluded (container/VM bridge)"
+            else:
+                verdict = "not routable to all hosts" if nic.up else "down"
+            rows.append((host, nic.name, ",".join(str(a) for a in nic.addresses) or "-", "up" if nic.up else "down",
+                         f"{nic.speed} Mb/s" if nic.speed else "?", verdict))
+    return rows
+
+
+def run_check(cfg) -> CheckReport:
+    from trainrun.fanout.select import engine_for
+
+    hosts = cfg.host_specs()
+    problems = []
+    try:
+        shape = shape_job(cfg, hosts)
+    except UsageError as err:  # e.g. -np above the slots: a problem to report; the hosts are still checked
+        shape, problems = JobShape(tuple(hosts), (0,) * len(hosts)), [str(err)]
+    need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
+    engine = engine_for(cfg) if any(not h.is_local for h in hosts) else None
+    servers = {}
+    try:
+        checks, servers = collect_hosts(hosts, cfg, engine, serve=need_nic)
+        routable, reports, failures = [], {}, []
+        reached = [c for c in checks if c.ok]
+        if need_nic and len(reached) == len(hosts) and len(servers) == len(hosts):
+            try:
+                pythons = {c.host: c.facts.python for c in checks}
+                routable, reports, failures = probe_nics(engine, list(servers), pythons, servers=servers)
+            except HostError as err:
+                problems.append(str(err))
+        elif need_nic and len(servers) < len(hosts) and len(reached) == len(hosts):
+            problems.append("the NIC probe needs every host reached remotely; list this machine by a remote-reachable name")
+        nic_names = [r.name for r in routable]
+        if cfg.network_interface:
+            pinned = cfg.network_interface.split(",")
+            missing = [n for n in pinned if n not in nic_names]
+            if need_nic and missing:
+                problems.append(f"--network-interface {','.join(missing)}: not routable between all hosts (routable: {', '.join(nic_names) or 'none'})")
+            nic_names = pinned
+        local = {h.name: c for h, c in zip(shape.hosts, shape.counts)}
+        more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not cfg.network_interface,
+                                  allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc or 1,
+                                  mpi=cfg.mpi != "none")
+        problems += more
+        ranks = []
+        if not problems:
+            ranks = assign(cfg, shape, {c.host: c.facts for c in checks})
+        if routable:
+            save_nic_choice(hosts, cfg, nic_names)
+        return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings,
+                           np=requested_np(cfg, hosts))
+    finally:
+        for s in servers.values():
+            s.channel.close()
+        if engine is not None:
+            engine.close()

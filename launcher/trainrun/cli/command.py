@@ -1,0 +1,119 @@
+"""The `trainrun` command. The only place raw argv is seen; every TrainrunError becomes a one-line
+message and its exit code here (no traceback for anything a user can cause)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from trainrun import __version__
+from trainrun.errors import TrainrunError
+
+EXAMPLES = """\b
+Examples:
+  trainrun -np 4 train.py --lr 0.1            4 ranks of train.py on this machine
+  trainrun -np 2 python -c 'import os; print(os.environ["RANK"])'
+  trainrun -H localhost:2,127.0.0.1:2 ./a.out  2 "hosts" x 2 slots
+  trainrun --hostfile hostfiles/local.txt --dry-run train.py
+  trainrun -H node1:4,node2:4 --check          is every host ready? (exit 0 if the job could run)
+  trainrun --config run.yaml train.py         options from YAML; flags override
+
+Everything after the program is passed to it untouched (also -np, -H, ...).
+"""
+
+
+class Count(click.ParamType):
+    """A whole number >= 1, with a message that says so."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
+            n = int(value)
+        else:
+            self.fail(f"'{value}' is not a whole number", param, ctx)
+        if n < 1:
+            self.fail(f"{n} must be at least 1", param, ctx)
+        return n
+
+
+def _load_config(ctx: click.Context, _param, value):
+    if value:
+        from trainrun.cli.config import load_config_file
+
+        ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, ctx)}
+    return value
+
+
+@click.command(
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=EXAMPLES,
+)
+@click.option("--config", type=str, metavar="FILE", is_eager=True, expose_value=False, callback=_load_config, help="YAML file of options (same names as the flags).")
+@click.option("-np", "--num-proc", type=Count(), help="Number of ranks. Default: total slots of the hosts.")
+@click.option("-H", "--hosts", metavar="HOST[:N],...", help="Hosts and slots: host1:4,host2:4 (user@host allowed).")
+@click.option("--hostfile", metavar="FILE", help="File of hosts: 'host slots=N', 'host:N' or 'host' per line.")
+@click.option("--oversubscribe", is_flag=True, help="Allow more ranks than slots.")
+@click.option("--gpus-per-proc", type=Count(), help="Give each rank N GPUs and isolate them (CUDA_VISIBLE_DEVICES).")
+@click.option("--allow-gpu-sharing", is_flag=True, help="Allow more local ranks than GPUs.")
+@click.option("--bind-to", type=click.Choice(["none", "core"]), default="none", show_default=True, help="Pin each local rank to a CPU core.")
+@click.option("-x", "--export", multiple=True, metavar="NAME[=VALUE]", help="Export a variable to every rank (repeatable).")
+@click.option("--prefix", type=click.Choice(["rank", "timestamp", "none"]), default="rank", show_default=True, help="Prefix of each output line.")
+@click.option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N/stdout|stderr.")
+@click.option("--grace", type=click.FloatRange(min=0), default=3.0, show_default=True, help="Seconds between SIGTERM and SIGKILL at teardown.")
+@click.option("--mpi", type=click.Choice(["mpich", "openmpi", "none"]), default="mpich", show_default=True,
+              help="mpich: trainrun serves the MPI world (PMI-1); openmpi: run through Open MPI's mpirun; none: no MPI world.")
+@click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds for all ranks to join the MPI world once the first has.")
+@click.option("-p", "--ssh-port", type=click.IntRange(1, 65535), help="SSH port of the remote hosts (default: ssh config, else 22).")
+@click.option("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key for the remote hosts.")
+@click.option("--ssh-config", metavar="FILE", help="OpenSSH client config to honour (default ~/.ssh/config).")
+@click.option("--ssh-strict", is_flag=True, help="Refuse hosts missing from known_hosts (default: trust on first use).")
+@click.option("--ssh-timeout", type=click.FloatRange(min=0, min_open=True), default=15.0, show_default=True, help="Seconds to reach each host.")
+@click.option("--ssh-parallelism", type=Count(), default=64, show_default=True, help="Hosts contacted at once.")
+@click.option("--heartbeat-timeout", type=click.FloatRange(min=1), default=15.0, show_default=True,
+              help="Seconds of silence after which a remote host counts as lost (hung, paused or cut off).")
+@click.option("--python", "python", metavar="PATH", help="Interpreter for .py programs on remote hosts (default: the launcher's path if it exists there, else python3).")
+@click.option("--workdir", metavar="DIR", help="Working directory of the ranks (default: the launcher's).")
+@click.option("--network-interface", metavar="NIC[,NIC]", help="NICs for the job's traffic (checked); default: the probe's choice.")
+@click.option("--no-cache", is_flag=True, help="Probe the NICs again instead of using the last hour's choice.")
+@click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
+@click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")
+@click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")
+@click.version_option(__version__, "--version", prog_name="trainrun")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def cli(command, json_, **options):
+    """Launch COMMAND as N ranked processes on one or many hosts."""
+    from trainrun.cli.config import LaunchConfig
+    from trainrun.launch import launch
+
+    ctx = click.get_current_context()
+    from_cli = {n for n in ("hosts", "hostfile") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
+    if from_cli == {"hosts"}:  # the command line's hosts replace the config file's, whichever form
+        options["hostfile"] = None
+    elif from_cli == {"hostfile"}:
+        options["hosts"] = None
+    if not command and not options["check"]:
+        raise click.UsageError("Missing argument 'COMMAND...'.")
+    if options["verbose"]:
+        from trainrun import log
+
+        log.enable_verbose()
+    return launch(LaunchConfig(command=tuple(command), json=json_, **options))
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        code = cli.main(args=argv, prog_name="trainrun", standalone_mode=False)
+    except click.exceptions.Abort:
+        code = 130
+    except click.ClickException as err:
+        hint = " (see trainrun --help)" if isinstance(err, click.UsageError) else ""
+        print(f"trainrun: error: {err.format_message()}{hint}", file=sys.stderr)
+        code = err.exit_code
+    except TrainrunError as err:
+        print(f"trainrun: error: {err}", file=sys.stderr)
+        code = err.exit_code
+    sys.exit(code or 0)

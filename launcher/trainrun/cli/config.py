@@ -1,0 +1,129 @@
+"""LaunchConfig: every launch option as one typed, validated value; and YAML config files.
+
+A `--config FILE.yaml` may set any option by its CLI name (`np`, `hosts`, `grace`, `output-dir`,
+`x`, ... with dashes or underscores); the command line overrides the file. Keys are checked against
+the CLI's own options and values converted by the CLI's own types, so the file and the flags can
+never disagree about what is valid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+
+from trainrun.errors import UsageError
+from trainrun.plan.hosts import HostSpec, parse_hosts_arg, read_hostfile
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    command: tuple[str, ...]
+    num_proc: int | None = None
+    hosts: str | None = None
+    hostfile: str | None = None
+    oversubscribe: bool = False
+    gpus_per_proc: int | None = None
+    allow_gpu_sharing: bool = False
+    bind_to: str = "none"
+    export: tuple[str, ...] = ()
+    prefix: str = "rank"
+    output_dir: str | None = None
+    grace: float = 3.0
+    mpi: str = "mpich"
+    start_timeout: float = 120.0
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    ssh_config: str | None = None
+    ssh_strict: bool = False
+    ssh_timeout: float = 15.0
+    ssh_parallelism: int = 64
+    heartbeat_timeout: float = 15.0
+    python: str | None = None
+    workdir: str | None = None
+    network_interface: str | None = None
+    no_cache: bool = False
+    check: bool = False
+    dry_run: bool = False
+    json: bool = False
+    verbose: bool = False
+
+    def __post_init__(self):
+        if self.hosts and self.hostfile:
+            raise UsageError("-H and --hostfile both given; use one of them")
+        if self.num_proc is None and not (self.hosts or self.hostfile):
+            raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
+        if self.json and not (self.dry_run or self.check):
+            raise UsageError("--json goes with --dry-run (or --check)")
+
+    def host_specs(self) -> list[HostSpec]:
+        if self.hosts:
+            return parse_hosts_arg(self.hosts)
+        if self.hostfile:
+            return read_hostfile(self.hostfile)
+        return [HostSpec("localhost", self.num_proc)]
+
+    def exported_env(self, environ) -> dict[str, str]:
+        """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment)."""
+        out = {}
+        for item in self.export:
+            name, sep, value = item.partition("=")
+            if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+                raise UsageError(f"-x {item}: '{name}' is not a variable name; write -x NAME=VALUE or -x NAME")
+            if not sep:
+                if name not in environ:
+                    raise UsageError(f"-x {name}: not set in the launcher's environment; write -x {name}=VALUE")
+                value = environ[name]
+            out[name] = value
+        return out
+
+
+def _aliases(command: click.Command) -> dict[str, click.Parameter]:
+    out = {}
+    for p in command.params:
+        if not isinstance(p, click.Option) or p.name in ("config", "version", "help"):
+            continue
+        out[p.name] = p
+        for opt in p.opts:
+            key = opt.lstrip("-")
+            out[key] = out[key.replace("-", "_")] = p
+    return out
+
+
+def load_config_file(path: str, ctx: click.Context) -> dict:
+    """Read a YAML config into click's default_map form ({param name: converted value})."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise UsageError(f"--config {path}: no such file") from None
+    except OSError as err:
+        raise UsageError(f"--config {path}: cannot read it ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise UsageError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a mapping of option: value, got {type(doc).__name__}")
+    aliases = _aliases(ctx.command)
+    out = {}
+    for key, value in doc.items():
+        param = aliases.get(str(key))
+        if param is None:
+            raise UsageError(f"{path}: unknown key '{key}'; keys are the long option names, e.g. np, hosts, grace, output-dir")
+        if param.name == "hosts" and isinstance(value, list):
+            value = ",".join(map(str, value))
+        if param.multiple and not isinstance(value, list):
+            value = [value]
+        if param.multiple and any(isinstance(v, (list, dict)) for v in value):
+            raise UsageError(f"{path}: key '{key}': expected a list of plain values, e.g. [A=1, B=2]")
+        if not param.multiple and isinstance(value, (list, dict)):
+            raise UsageError(f"{path}: key '{key}': expected a single value, got a {type(value).__name__}")
+        try:
+            out[param.name] = param.type_cast_value(ctx, value)
+        except click.BadParameter as err:
+            raise UsageError(f"{path}: key '{key}': {err.message}") from None
+    return out

@@ -1,0 +1,90 @@
+"""Facts about the host this code runs on, gathered here (agent HELLO, `--check`), as HostFacts."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from trainrun import __version__
+from trainrun.facts.model import HostFacts
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (MASTER_PORT for torch's env:// rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def launch_facts(with_nics: bool = False) -> HostFacts:
+    """The small set every agent reports before its ranks start (NICs: for MASTER_ADDR on the chosen NIC)."""
+    from trainrun.facts.gpus import local_gpu_pool
+
+    nics = ()
+    if with_nics:
+        from trainrun.net.nics import local_nics
+
+        nics = tuple(local_nics())
+    return HostFacts(hostname=socket.gethostname(), cpus=len(os.sched_getaffinity(0)), python=sys.executable,
+                     trainrun=__version__, gpus=local_gpu_pool(), free_port=free_port(), nics=nics)
+
+
+def mpi_facts() -> dict:
+    """Which MPI the ranks would use here (imports mpi4py: only for --check), as HostFacts fields. MPI is
+    not initialized: MPI_Get_library_version needs no MPI_Init, and a singleton world would leave a
+    /dev/shm segment behind when this process ends without MPI_Finalize (the probe server ends with
+    os._exit)."""
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = mpi4py.rc.finalize = False
+        from mpi4py import MPI
+
+        version = MPI.Get_library_version().splitlines()[0].strip()
+        return {"mpi4py": mpi4py.__version__, "mpi": version, "vendor": MPI.get_vendor()[0]}
+    except Exception as err:  # any import or load problem is a fact to report, not a crash
+        return {"mpi4py": None, "mpi": None, "mpi_error": f"{type(err).__name__}: {err}"}
+
+
+def check_facts() -> HostFacts:
+    """Everything `trainrun --check` shows per host."""
+    import platform
+    from dataclasses import replace
+
+    from trainrun.facts.gpus import query_nvidia_smi
+    from trainrun.net.nics import local_nics
+
+    return replace(
+        launch_facts(), nics=tuple(local_nics()), os=f"{platform.system()} {platform.release()}", distro=_distro(),
+        python_version=platform.python_version(), gpu_models=tuple(g.name for g in query_nvidia_smi()),
+        **mpi_facts(),
+    )
+
+
+def _distro() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            for line in f:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return ""
+
+
+def main(argv: list[str]) -> int:
+    """`python -m trainrun.facts`: print check_facts() as JSON. `python -m trainrun.facts serve HOST NONCE`:
+    also serve the NIC probe (nics.serve, with the facts as "facts" on its first line) until stdin closes,
+    so `--check` needs one remote process per host before the probe round, not two."""
+    import json
+
+    if not argv:
+        print(json.dumps(check_facts().to_json()))
+        return 0
+    if len(argv) == 3 and argv[0] == "serve":
+        from trainrun.net.nics import serve
+
+        serve(argv[1], argv[2], extra={"facts": check_facts().to_json()})
+        return 0
+    print("usage: python -m trainrun.facts [serve HOST NONCE]", file=sys.stderr)
+    return 2

@@ -1,0 +1,200 @@
+"""The launcher's side of a host agent: AgentRanks drives one host's ranks through one AgentLink
+(whatever fan-out engine opened it), and `open_agents` starts one agent per host through an engine.
+
+AgentRanks is a RankGroup (run/groups.py), so the Job treats a remote host exactly like its own.
+States: opened (HELLO read: host facts known) -> assigned (its specs) -> started (JOB sent) -> done
+(every rank reported, or the channel ended, or the agent was silent for `heartbeat_timeout` s, or the
+launcher gave up on it after SIGKILL: every unreported rank is then reported lost).
+"""
+from __future__ import annotations
+
+import json
+import selectors
+import time
+from dataclasses import replace
+
+from trainrun import log
+from trainrun.agent import wire
+from trainrun.agent.messages import AgentJob
+from trainrun.errors import HostError, HostsError
+from trainrun.facts.model import HostFacts
+from trainrun.fanout.base import AgentLink, FanoutEngine
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.spec import ProcessSpec
+from trainrun.run.groups import RankEvents
+
+LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
+AGENT_PATIENCE = 4  # x heartbeat_timeout: how long an agent waits for a silent launcher
+
+
+class AgentRanks:
+    """One host's ranks, run by its agent at the other end of `link`."""
+
+    def __init__(self, link: AgentLink, facts: HostFacts, reader: wire.FrameReader | None = None):
+        self.link = link
+        self.host = link.host
+        self.facts = facts
+        self.reader = reader or wire.FrameReader()
+        self.events: RankEvents | None = None
+        self.specs: list[ProcessSpec] = []
+        self._pending: set[int] = set()
+        self._ended = False
+        self.heartbeat_timeout = 15.0
+        self._last_heard = self._last_beat = time.monotonic()
+
+    def assign(self, specs: list[ProcessSpec], *, pmi: bool, python: str, env: dict[str, str],
+               heartbeat_timeout: float = 15.0) -> None:
+        """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
+        variables) goes under each rank's own env; it travels in the channel, never on a command line.
+        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (the launcher
+        may be blocked writing to a paused pager; ranks then block too, so waiting long costs little)."""
+        self.specs = specs
+        self.heartbeat_timeout = heartbeat_timeout
+        self._pending = {s.rank for s in specs}
+        kvsname = None
+        if pmi and specs:
+            from trainrun.mpi.shm import kvsname_for
+
+            kvsname = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
+        procs = tuple(replace(s, env={**env, **s.env}) for s in specs)
+        self._job = AgentJob(procs, pmi, python, AGENT_PATIENCE * heartbeat_timeout, kvsname)
+
+    def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
+        self.events = events
+        self._last_heard = time.monotonic()
+        self.link.write(wire.frame(wire.JOB, -1, self._job.to_bytes()))
+        sel.register(self.link.fileno(), selectors.EVENT_READ, lambda: self._on_readable(sel))
+
+    def _on_readable(self, sel) -> None:
+        out, err, ended = self.link.read()
+        if out or err:
+            self._last_heard = time.monotonic()
+        if err:
+            for line in err.decode(errors="replace").splitlines():
+                log.warning("agent on %s: %s", self.host, line)
+        for kind, rank, payload in self.reader.feed(out):
+            self._dispatch(kind, rank, payload)
+        if ended and not self._ended:
+            self._ended = True
+            sel.unregister(self.link.fileno())
+            self._lose(f"lost the agent on {self.host} (connection dropped or agent killed)")
+
+    def _lose(self, message: str) -> None:
+        """Report every rank not yet reported as lost (the host is gone for this job)."""
+        if self._pending:
+            self.events.on_host_lost(self.host, message)
+            for rank in sorted(self._pending):
+                self.events.on_exit(rank, LOST)
+            self._pending.clear()
+
+    def _dispatch(self, kind: bytes, rank: int, payload: bytes) -> None:
+        if kind in wire.KIND_STREAM:
+            self.events.on_output(rank, wire.KIND_STREAM[kind], payload)
+        elif kind == wire.EXIT:
+            self._pending.discard(rank)
+            self.events.on_exit(rank, int(payload))
+        elif kind == wire.PMI:
+            self.events.on_pmi(rank, payload)
+        elif kind == wire.FATAL:
+            message, _, code = payload.decode().rpartition("|")
+            self.events.on_host_failed(self.host, message, int(code))
+        elif kind == wire.STARTED:
+            log.info("%s: ranks started, pids %s", self.host, json.loads(payload))
+
+    @property
+    def running(self) -> int:
+        return len(self._pending)
+
+    def tick(self, now: float) -> None:
+        """Heartbeats: send ours; a host silent for heartbeat_timeout is lost (hung, paused, cut off)."""
+        if not self._pending:
+            return
+        if now - self._last_beat >= wire.HEARTBEAT_EVERY:
+            self._last_beat = now
+            self.link.write(wire.frame(wire.BEAT))
+        silent = now - self._last_heard
+        if silent > self.heartbeat_timeout:
+            self._lose(f"no word from the agent on {self.host} for {silent:.0f}s (host hung or unreachable; "
+                       "--heartbeat-timeout)")
+
+    def abandon(self) -> None:
+        """Stop waiting for this host (after SIGKILL went unanswered)."""
+        self._lose(f"no answer from the agent on {self.host} after SIGKILL")
+
+    def signal(self, sig: int) -> None:
+        self.link.write(wire.frame(wire.SIGNAL, -1, str(int(sig)).encode()))
+
+    def kill(self) -> None:
+        self.link.write(wire.frame(wire.KILL))
+
+    def pmi_send(self, rank: int, data: bytes) -> None:
+        self.link.write(wire.frame(wire.PMI, rank, data))
+
+    def disconnect(self) -> None:
+        """Close the host's connection (after close())."""
+        self.link.disconnect()
+
+    def close(self, sel) -> None:
+        """End the channel's input: the agent kills whatever is left and exits (see wait_closed)."""
+        try:
+            sel.unregister(self.link.fileno())
+        except (KeyError, ValueError):
+            pass
+        self.link.shutdown()
+
+    def wait_closed(self) -> None:
+        """Wait until the agent has ended; called after close() on every group, so agents end in parallel.
+        A host that stopped answering is not waited for."""
+        if time.monotonic() - self._last_heard < self.heartbeat_timeout:
+            self.link.wait(5.0)
+
+
+def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
+    """Wait for the agent's HELLO on `link`; raises HostError (stage "agent") with the agent's last
+    stderr line when it does not start."""
+    reader, errors, deadline = wire.FrameReader(), b"", time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(link.fileno(), selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline:
+            if not sel.select(max(0.0, deadline - time.monotonic())):
+                continue
+            out, err, ended = link.read()
+            errors += err
+            for kind, _rank, payload in reader.feed(out):
+                if kind == wire.HELLO:
+                    return AgentRanks(link, HostFacts.from_json(json.loads(payload)), reader)
+            if ended:
+                break
+    finally:
+        sel.close()
+    text = errors.decode(errors="replace").strip().splitlines()
+    last = text[-1] if text else "no output"
+    if "No module named" in last and "trainrun" in last:
+        raise HostError(link.host, "agent", f"trainrun is not installed for the remote Python ({last})", hint="pip install trainrun there, or pass --python")
+    raise HostError(link.host, "agent", f"the trainrun agent did not start: {last}", hint="run trainrun --check")
+
+
+def open_agents(engine: FanoutEngine, hosts: list[HostSpec], timeout: float) -> dict[str, AgentRanks]:
+    """Reach every host through `engine`, start an agent on each and read its HELLO (all in parallel).
+
+    Raises HostsError with every host's cause, after closing the agents that did start, if any host fails.
+    """
+    failures = list(engine.reach(hosts).values())
+    links, agents = [], {}
+    try:
+        if not failures:
+            links = [engine.start_agent(h.name) for h in hosts]
+            for link in links:  # started together above, so the HELLOs arrive in parallel
+                try:
+                    agents[link.host] = read_hello(link, timeout)
+                except HostError as err:
+                    failures.append(err)
+    finally:
+        if failures or len(agents) < len(hosts):
+            for link in links:
+                link.close(wait=2.0)
+            engine.close()
+    if failures:
+        raise HostsError(failures)
+    return agents

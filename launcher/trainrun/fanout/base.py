@@ -1,0 +1,57 @@
+"""The fan-out seam: how the launcher reaches hosts and runs trainrun there. Declarations only.
+
+A **FanoutEngine** (SSH today: ssh_engine.py; a local pipe for tests: pipe_engine.py; Slurm's srun
+next) does three things for the rest of the launcher, which never sees SSH or srun:
+
+    reach(hosts)                  make every host usable, in parallel; per-host HostErrors for those that are not
+    start_agent(host)             `python -m trainrun.agent` there, as an AgentLink (framed channel on stdin/stdout)
+    run_module(host, module, ...) `python -m MODULE ARGS` there, as a ModuleChannel (--check's facts, the NIC probe)
+    close()                       release every connection (agents' channels first: they end their agents)
+
+Contract: no engine opens a listening port; the channel is the engine's own transport (an SSH session,
+a pipe, srun's stdin/stdout). A host is named by `HostSpec.name`, unique within a job.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from trainrun.errors import HostError
+from trainrun.plan.hosts import HostSpec
+
+
+class AgentLink(Protocol):
+    """The channel to one host's agent (AgentRanks reads and writes it)."""
+
+    host: str
+    peer_address: str    # the host's address as this machine reached it
+    local_address: str   # this machine's address on that route
+
+    def fileno(self) -> int: ...
+    def read(self) -> tuple[bytes, bytes, bool]: ...  # (stdout bytes, stderr bytes, ended)
+    def write(self, data: bytes) -> None: ...
+    def shutdown(self) -> None: ...              # EOF to the agent: it kills what is left and exits
+    def wait(self, timeout: float) -> None: ...  # until the agent has ended (or timeout)
+    def close(self, wait: float) -> None: ...    # shutdown, then wait
+    def disconnect(self) -> None: ...
+
+
+class ModuleChannel(Protocol):
+    """A `python -m MODULE ARGS` process on a host; ends when its stdin closes or it exits."""
+
+    def readline(self) -> bytes: ...
+    def read(self) -> bytes: ...                 # stdout until EOF
+    def send(self, data: bytes) -> None: ...
+    def close_stdin(self) -> None: ...
+    def exit_status(self) -> int: ...            # waits for the exit
+    def stderr_text(self) -> str: ...            # what it wrote to stderr so far
+    def close(self) -> None: ...
+
+
+class FanoutEngine(Protocol):
+    name: str
+
+    def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]: ...
+    def start_agent(self, host: str) -> AgentLink: ...
+    def run_module(self, host: str, module: str, *args: str, python: str | None = None,
+                   timeout: float = 30.0) -> ModuleChannel: ...
+    def close(self) -> None: ...

@@ -1,0 +1,119 @@
+"""A fan-out engine whose "hosts" are local subprocesses (pipes instead of SSH): the agent protocol
+and the launcher's remote path, tested without a network. Every host name is reachable; each agent
+and module runs with this machine's Python."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from trainrun.errors import HostError
+from trainrun.plan.hosts import HostSpec
+
+
+class PipeLink:
+    """An agent as a local subprocess."""
+
+    peer_address = local_address = "127.0.0.1"
+
+    def __init__(self, host: str, argv: list[str]):
+        self.host = host
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for f in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(f.fileno(), False)
+
+    def fileno(self) -> int:
+        return self.proc.stdout.fileno()
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        out = _read_available(self.proc.stdout.fileno())
+        err = _read_available(self.proc.stderr.fileno())
+        return out or b"", err or b"", out == b""
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def shutdown(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self, wait: float) -> None:
+        self.shutdown()
+        self.wait(wait)
+
+    def disconnect(self) -> None:
+        pass
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What can be read without blocking: bytes, b"" at EOF, None when nothing is there yet."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+
+
+class PipeModuleChannel:
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def readline(self) -> bytes:
+        return self.proc.stdout.readline()
+
+    def read(self) -> bytes:
+        return self.proc.stdout.read()
+
+    def send(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        self.proc.stdin.close()
+
+    def exit_status(self) -> int:
+        return self.proc.wait()
+
+    def stderr_text(self) -> str:
+        return self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class PipeEngine:
+    """FanoutEngine running every host's agent as a child of this process."""
+
+    name = "pipe"
+
+    def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
+        return {}
+
+    def start_agent(self, host: str) -> PipeLink:
+        return PipeLink(host, [sys.executable, "-m", "trainrun.agent"])
+
+    def run_module(self, host: str, module: str, *args: str, python: str | None = None,
+                   timeout: float = 30.0) -> PipeModuleChannel:
+        return PipeModuleChannel([python or sys.executable, "-m", module, *args])
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,154 @@
+"""The SSH fan-out engine: one paramiko connection per host, an agent per host on its own session.
+
+Sessions have no pty: the agent's stdin EOF, not SIGHUP, is what tells it the launcher is gone. Every
+remote command line is built by ssh.remote_command (shlex-quoted); environment for ranks travels inside
+the agent's channel, never on a command line.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from trainrun.errors import HostError
+from trainrun.fanout import ssh
+from trainrun.plan.hosts import HostSpec
+
+
+def python_module_command(python: str, module: str, *args: str) -> str:
+    """The shell line that runs `python -m module args...` on a host: the requested interpreter if it
+    exists there, else python3 (the --python rule)."""
+    pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
+    return ssh.remote_command(["sh", "-c", pick, "trainrun", python, module, *args])
+
+
+def ssh_options(cfg) -> ssh.SSHOptions:
+    """SSHOptions from the launch options (None fields fall back to the ssh config, then OpenSSH defaults)."""
+    kwargs = dict(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file, strict=cfg.ssh_strict,
+                  connect_timeout=cfg.ssh_timeout)
+    if cfg.ssh_config:
+        kwargs["ssh_config"] = cfg.ssh_config
+    return ssh.SSHOptions(**kwargs)
+
+
+class SSHLink:
+    """An agent started over one SSH session."""
+
+    def __init__(self, host: str, client, command: str):
+        self.host = host
+        self.client = client
+        transport = client.get_transport()
+        self.peer_address = transport.getpeername()[0]
+        self.local_address = transport.sock.getsockname()[0]
+        self.channel = transport.open_session()
+        self.channel.exec_command(command)
+
+    def fileno(self) -> int:
+        return self.channel.fileno()
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        ch, out, err = self.channel, bytearray(), bytearray()
+        while ch.recv_ready():
+            out += ch.recv(1 << 16)
+        while ch.recv_stderr_ready():
+            err += ch.recv_stderr(1 << 16)
+        ended = (ch.eof_received or ch.closed) and not ch.recv_ready()
+        return bytes(out), bytes(err), ended
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except OSError:
+            pass  # the channel is gone; read() reports it
+
+    def shutdown(self) -> None:
+        try:
+            self.channel.shutdown_write()
+        except OSError:
+            pass
+
+    def wait(self, timeout: float) -> None:
+        self.channel.status_event.wait(timeout)
+        self.channel.close()
+
+    def close(self, wait: float) -> None:
+        self.shutdown()
+        self.wait(wait)
+
+    def disconnect(self) -> None:
+        self.client.close()
+
+
+class SSHModuleChannel:
+    """`python -m MODULE` on one session (a bare channel, not exec_command's files: collecting those
+    would send EOF and end a server that serves until its stdin closes)."""
+
+    def __init__(self, channel):
+        self.channel = channel
+        self._out = channel.makefile("rb")
+
+    def readline(self) -> bytes:
+        return self._out.readline()
+
+    def read(self) -> bytes:
+        return self._out.read()
+
+    def send(self, data: bytes) -> None:
+        self.channel.sendall(data)
+
+    def close_stdin(self) -> None:
+        self.channel.shutdown_write()
+
+    def exit_status(self) -> int:
+        return self.channel.recv_exit_status()
+
+    def stderr_text(self) -> str:
+        ch, err = self.channel, bytearray()
+        while ch.recv_stderr_ready():
+            err += ch.recv_stderr(1 << 16)
+        return err.decode(errors="replace")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class SSHEngine:
+    """FanoutEngine over SSH (paramiko). `python`: the interpreter asked for on remote hosts (--python)."""
+
+    name = "ssh"
+
+    def __init__(self, opts: ssh.SSHOptions, python: str, parallelism: int = 64):
+        self.opts, self.python, self.parallelism = opts, python, parallelism
+        self.clients: dict = {}
+
+    def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
+        """Connect to every host at once (at most `parallelism` in flight); UsageError (a bad ssh config)
+        propagates after the connected clients are closed."""
+        failures: dict[str, HostError] = {}
+        with ThreadPoolExecutor(max_workers=max(1, min(self.parallelism, len(hosts))),
+                                thread_name_prefix="ssh-connect") as pool:
+            futures = {h.name: pool.submit(ssh.connect, str(h), self.opts) for h in hosts}
+        for name, fut in futures.items():
+            err = fut.exception()
+            if err is None:
+                self.clients[name] = fut.result()
+            elif isinstance(err, HostError):
+                failures[name] = err
+            else:
+                self.close()
+                raise err
+        return failures
+
+    def start_agent(self, host: str) -> SSHLink:
+        return SSHLink(host, self.clients[host], python_module_command(self.python, "trainrun.agent"))
+
+    def run_module(self, host: str, module: str, *args: str, python: str | None = None,
+                   timeout: float = 30.0) -> SSHModuleChannel:
+        """Raises OSError/EOFError/paramiko.SSHException when the connection is gone."""
+        ch = self.clients[host].get_transport().open_session(timeout=timeout)
+        ch.settimeout(timeout)
+        ch.exec_command(python_module_command(python or self.python, module, *args))
+        return SSHModuleChannel(ch)
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()

@@ -1,0 +1,82 @@
+"""The NICs a multi-host job uses, and the cache that spares a launch the probe.
+
+`choose_nics` is what a launch exports as NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME/UCX_NET_DEVICES:
+--network-interface when given, else the last hour's choice for the same host set (while those NICs are
+still up everywhere), else a fresh probe's. `--check` records its probe's choice the same way.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Mapping
+
+from trainrun.facts.model import HostFacts
+from trainrun.plan.hosts import HostSpec
+
+CACHE_TTL = 3600.0
+
+
+def cache_dir() -> str:
+    """Where choices are kept: $TRAINRUN_CACHE_DIR, else ~/.cache/trainrun (read at each use, so a test or a
+    wrapper may set it after import)."""
+    return os.path.expanduser(os.environ.get("TRAINRUN_CACHE_DIR", "~/.cache/trainrun"))
+
+
+def probe_nics(engine, hosts: list[str], python, include_excluded: bool = False, servers: dict | None = None):
+    """(routable NICs as nics.RoutableNic, per-host reports, failure lines) via the probe through `engine`;
+    `python`: each host's interpreter ({host: path}, from its facts) or one path for all. With `servers`
+    ({host: ProbeServer}, one per host, running) only the probe round runs; they stay the caller's to close."""
+    from trainrun.net import nics
+
+    if servers is not None:
+        result = nics.probe_served(engine, python, {h: s.table for h, s in servers.items()},
+                                   {h: s.nonce for h, s in servers.items()})
+    else:
+        result = nics.probe_hosts(engine, hosts, python)
+    return result.routable(include_excluded), result.reports, result.failures()
+
+
+def choose_nics(cfg, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
+    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host.
+    `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
+    if cfg.network_interface:
+        return tuple(cfg.network_interface.split(","))
+    if len(hosts) < 2 or any(h.name not in facts for h in hosts):
+        return ()
+    cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
+    if cached is not None and nics_present(cached, facts):
+        return tuple(cached)
+    routable, _, _ = probe_nics(engine, [h.name for h in hosts], {h.name: facts[h.name].python for h in hosts})
+    names = [r.name for r in routable if r.subnet is None]
+    save_nic_choice(hosts, cfg, names)
+    return tuple(names)
+
+
+def nics_present(nics, facts: Mapping[str, HostFacts]) -> bool:
+    """Every named NIC is up with an address on every host (per the hosts' own NIC lists). Pure."""
+    return all((nic := f.nic(name)) is not None and nic.usable for name in nics for f in facts.values())
+
+
+def _cache_path(hosts: list[HostSpec], cfg) -> str:
+    """One cache entry per host set *as reached*: the same names through another ssh config or port
+    (another cluster, another testbed) must not share a NIC choice."""
+    ident = [",".join(sorted(str(h) for h in hosts)), str(cfg.ssh_config), str(cfg.ssh_port), str(cfg.ssh_identity_file)]
+    key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), f"nics-{key}.json")
+
+
+def save_nic_choice(hosts: list[HostSpec], cfg, nics: list[str]) -> None:
+    os.makedirs(cache_dir(), exist_ok=True)
+    with open(_cache_path(hosts, cfg), "w") as f:
+        json.dump({"time": time.time(), "nics": nics}, f)
+
+
+def cached_nic_choice(hosts: list[HostSpec], cfg) -> list[str] | None:
+    try:
+        with open(_cache_path(hosts, cfg)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc["nics"] if time.time() - doc.get("time", 0) < CACHE_TTL else None

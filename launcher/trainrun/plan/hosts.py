@@ -1,0 +1,183 @@
+"""Hosts: what `-H` and `--hostfile` say, parsed into HostSpec values.
+
+This module is one of the three that see user strings (with cli.py and config.py). Every error is a
+UsageError naming the entry, or `file:line` and the quoted line, and what to do.
+
+Accepted forms
+    -H         host[:slots][,host[:slots]...]      user@host and [ipv6]:slots allowed
+    hostfile   `host slots=N`, `host:N`, `host` (1 slot), `# comments`, blank lines
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trainrun.errors import UsageError
+
+_NAME = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)$")
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "::1", "[::1]"}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One host of the job: its name as the user wrote it, the slots it offers, an optional SSH user."""
+
+    name: str
+    slots: int = 1
+    user: str | None = None
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("host name is empty")
+        if self.slots < 1:
+            raise ValueError(f"host {self.name}: slots must be >= 1, got {self.slots}")
+
+    @property
+    def is_local(self) -> bool:
+        """True when this host is the machine the launcher runs on (no SSH needed)."""
+        return self.user is None and is_local_name(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.name}" if self.user else self.name
+
+
+def _parse_name(text: str) -> tuple[str, str | None]:
+    m = _NAME.match(text)
+    if not m:
+        raise ValueError(f"'{text}' is not a host name")
+    return m.group("host").strip("[]"), m.group("user")
+
+
+def _parse_slots(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError(f"slots '{text}' is not a positive whole number")
+    slots = int(text)
+    if slots < 1:
+        raise ValueError("slots must be at least 1")
+    return slots
+
+
+def _parse_entry(entry: str) -> HostSpec:
+    """`host`, `host:N`, `user@host:N`, `[v6addr]` or `[v6addr]:N`."""
+    name_part, sep, slots_text = ("", "", entry) if entry.endswith("]") else entry.rpartition(":")
+    if not sep:
+        name_part, slots = slots_text, 1
+    elif not name_part:
+        raise ValueError("host name is missing before ':'")
+    elif not slots_text:
+        raise ValueError("slots are missing after ':'")
+    else:
+        slots = _parse_slots(slots_text)
+    name, user = _parse_name(name_part)
+    return HostSpec(name, slots, user)
+
+
+def _check_duplicates(specs: list[HostSpec], where: list[str]) -> None:
+    """A host is its name: one agent, one set of local ranks. The same name twice, even with two logins
+    (`alice@h1`, `bob@h1`), is a usage error, never a silent merge."""
+    seen: dict[str, tuple[HostSpec, str]] = {}
+    for spec, loc in zip(specs, where):
+        if spec.name in seen:
+            first, first_loc = seen[spec.name]
+            if str(first) == str(spec):
+                raise UsageError(f"{loc}: host '{spec}' is listed twice (first at {first_loc}); give it once with the total slots")
+            raise UsageError(f"{loc}: host '{spec.name}' is listed twice, as '{first}' (at {first_loc}) and as '{spec}'; "
+                             "a host runs one agent for all its ranks: give it once, with one login and the total slots")
+        seen[spec.name] = (spec, loc)
+
+
+def parse_hosts_arg(text: str) -> list[HostSpec]:
+    """Parse the value of `-H`. Raises UsageError naming the bad entry."""
+    specs, where = [], []
+    for entry in text.split(","):
+        entry = entry.strip()
+        if not entry:
+            raise UsageError(f"-H '{text}': empty host entry; write -H host1:2,host2:2")
+        try:
+            specs.append(_parse_entry(entry))
+        except ValueError as err:
+            raise UsageError(f"-H entry '{entry}': {err}; write host or host:slots, e.g. -H node1:4,node2:4") from None
+        where.append(f"-H entry '{entry}'")
+    _check_duplicates(specs, where)
+    return specs
+
+
+def parse_hostfile_text(text: str, path: str) -> list[HostSpec]:
+    """Parse hostfile contents; `path` is used in messages only."""
+    specs, where = [], []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        loc = f"{path}:{lineno}"
+        try:
+            specs.append(_parse_hostfile_line(line))
+        except ValueError as err:
+            raise UsageError(f"{loc}: {err} in '{raw.strip()}'; write 'host slots=N', 'host:N' or 'host'") from None
+        where.append(loc)
+    if not specs:
+        raise UsageError(f"{path}: no hosts in hostfile; add lines like 'node1 slots=4'")
+    _check_duplicates(specs, where)
+    return specs
+
+
+def _parse_hostfile_line(line: str) -> HostSpec:
+    first, *rest = line.split()
+    if not rest:
+        return _parse_entry(first)
+    if ":" in first and not first.startswith("["):
+        raise ValueError("use either 'host:N' or 'host slots=N', not both")
+    name, user = _parse_name(first)
+    slots = 1
+    for item in rest:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"'{item}' is not key=value")
+        if key in ("slots", "max_slots", "max-slots"):
+            if key == "slots":
+                slots = _parse_slots(value)
+            else:
+                _parse_slots(value)  # Open MPI hostfiles carry it; validated, then ignored
+        else:
+            raise ValueError(f"unknown key '{key}' (only slots=N)")
+    return HostSpec(name, slots, user)
+
+
+def read_hostfile(path: str) -> list[HostSpec]:
+    """Read and parse a hostfile. Raises UsageError for a missing/unreadable file or a bad line."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise UsageError(f"--hostfile {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"--hostfile {path}: is a directory, not a hostfile") from None
+    except (PermissionError, OSError) as err:
+        raise UsageError(f"--hostfile {path}: cannot read it ({err.strerror})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--hostfile {path}: not a text file") from None
+    return parse_hostfile_text(text, path)
+
+
+@lru_cache(maxsize=None)
+def _local_addresses() -> frozenset[str]:
+    import psutil  # cheap, and only needed when a host is not obviously local
+
+    return frozenset(a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+@lru_cache(maxsize=None)
+def is_local_name(name: str) -> bool:
+    """True for localhost, 127.x, ::1, this machine's hostname (short or full) and any of its addresses.
+
+    No name is looked up in DNS (that would be slow and send queries off the machine): another alias
+    of this machine counts as remote and is reached over SSH, which works too.
+    """
+    if name in _LOCAL_NAMES or name.startswith("127."):
+        return True
+    own = socket.gethostname()
+    if name in (own, own.split(".")[0]):
+        return True
+    return name in _local_addresses()

@@ -1,0 +1,89 @@
+"""The one planning path that a launch, `--dry-run` and `--check` share. Pure.
+
+    shape_job(cfg)                      hosts and how many ranks each gets (-np decided here, once)
+    assign(cfg, shape, facts)           every rank's RankAssignment, GPUs from each host's facts
+    make_plan(cfg, shape, facts, ...)   the LaunchPlan: argv, env contract, cwd per rank
+    master_address(...)                 the address rank 0's host is reached at by every host
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from trainrun.facts.model import NO_FACTS, HostFacts
+from trainrun.plan.envcontract import JobInfo
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host
+from trainrun.plan.program import command_argv
+from trainrun.plan.spec import LaunchPlan, build_plan
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """The hosts as given, and how many ranks each gets (0: not part of the job)."""
+
+    hosts: tuple[HostSpec, ...]
+    counts: tuple[int, ...]
+
+    @property
+    def np(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def used(self) -> list[HostSpec]:
+        """The hosts that get ranks, in order (rank 0's first)."""
+        return [h for h, c in zip(self.hosts, self.counts) if c]
+
+    @property
+    def remote(self) -> list[HostSpec]:
+        return [h for h in self.used if not h.is_local]
+
+    @property
+    def has_local(self) -> bool:
+        return any(h.is_local for h in self.used)
+
+
+def requested_np(cfg, hosts: list[HostSpec]) -> int:
+    """-np, or every slot of the hosts."""
+    return cfg.num_proc if cfg.num_proc is not None else sum(h.slots for h in hosts)
+
+
+def shape_job(cfg, hosts: list[HostSpec] | None = None) -> JobShape:
+    """Raises UsageError when -np does not fit the slots (without --oversubscribe)."""
+    hosts = cfg.host_specs() if hosts is None else hosts
+    return JobShape(tuple(hosts), tuple(ranks_per_host(hosts, requested_np(cfg, hosts), cfg.oversubscribe)))
+
+
+def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
+    """Every rank's place; hosts without facts (a dry run's remote hosts) get no GPUs. Raises UsageError
+    when a host has fewer GPUs than its local ranks need (without --allow-gpu-sharing)."""
+    return assign_ranks(list(shape.hosts), shape.np, oversubscribe=cfg.oversubscribe,
+                        gpu_pools={h.name: facts.get(h.name, NO_FACTS).gpus for h in shape.hosts},
+                        gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing)
+
+
+def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
+              job_id: str | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The whole job, decided. MASTER_PORT is the free port rank 0's host reported (29500 without facts)."""
+    environ = os.environ if environ is None else environ
+    rank0 = facts.get(shape.used[0].name, NO_FACTS)
+    job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
+                  nics=nics, isolate_gpus=cfg.gpus_per_proc is not None)
+    argv = command_argv(cfg.command, cfg.python or sys.executable)
+    return build_plan(assign(cfg, shape, facts), job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ),
+                      cfg.bind_to)
+
+
+def master_address(rank0: HostSpec, facts: Mapping[str, HostFacts], routes: Mapping[str, tuple[str, str]],
+                   nics: tuple[str, ...] = ()) -> str:
+    """An address of rank 0's host that every host can reach: its address on the first chosen NIC, loopback
+    for a one-machine job, the address the launcher reached rank 0's host at, or this machine's address on
+    the route to the others. `routes`: {remote host: (its address, this machine's address) as reached}."""
+    if rank0.name in routes:
+        addr = facts[rank0.name].address_on(nics[0]) if nics and rank0.name in facts else None
+        return addr or routes[rank0.name][0]
+    if routes:
+        return next(iter(routes.values()))[1]
+    return "127.0.0.1"

@@ -1,0 +1,55 @@
+"""The plan as people and scripts read it: `--dry-run`'s table and JSON. Pure; secrets masked."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from trainrun.plan.spec import LaunchPlan
+
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+
+
+def redacted(env: dict[str, str]) -> dict[str, str]:
+    """env with the values of secret-looking variables (API keys, tokens, passwords) masked, for printing."""
+    return {k: ("<redacted>" if _SECRET.search(k) else v) for k, v in env.items()}
+
+
+def plan_table(plan: LaunchPlan) -> str:
+    """Human-readable plan: one row per rank, then the env rank 0 gets."""
+    from trainrun.table import render_table
+
+    rows = []
+    for p in plan.procs:
+        a = p.assignment
+        rows.append((
+            a.rank, a.host, f"{a.local_rank}/{a.local_size}", f"{a.cross_rank}/{a.cross_size}",
+            f"{a.node_rank}/{a.nnodes}", ",".join(map(str, a.gpus)) or "-", p.bind_to, shlex.join(p.argv),
+        ))
+    lines = render_table(("RANK", "HOST", "LOCAL", "CROSS", "NODE", "GPUS", "BIND", "COMMAND"), rows)
+    lines.append("")
+    lines.append(f"job {plan.job.job_id}: {len(plan.procs)} rank(s) on {len(plan.by_host())} host(s), cwd {plan.procs[0].cwd}")
+    lines.append("environment added to rank 0 (other ranks differ in their rank numbers):")
+    lines += [f"  {k}={v}" for k, v in sorted(redacted(plan.procs[0].env).items())]
+    return "\n".join(lines)
+
+
+def plan_json(plan: LaunchPlan) -> str:
+    job = plan.job
+    doc = {
+        "job_id": job.job_id,
+        "master_addr": job.master_addr,
+        "master_port": job.master_port,
+        "nics": list(job.nics),
+        "ranks": [
+            {
+                "rank": p.rank, "host": str(p.assignment.host), "local_rank": p.assignment.local_rank,
+                "local_size": p.assignment.local_size, "cross_rank": p.assignment.cross_rank,
+                "cross_size": p.assignment.cross_size, "node_rank": p.assignment.node_rank,
+                "nnodes": p.assignment.nnodes, "gpus": list(p.assignment.gpus), "bind_to": p.bind_to,
+                "argv": list(p.argv), "cwd": p.cwd, "env": redacted(p.env),
+            }
+            for p in plan.procs
+        ],
+    }
+    return json.dumps(doc, indent=2)

@@ -1,0 +1,75 @@
+"""LaunchPlan: every process of the job, fully decided before anything starts. Pure.
+
+A plan is what `--dry-run` prints (render.py) and what rank groups run: one ProcessSpec per rank with
+its host, argv, the env trainrun adds, its working directory and CPU binding policy. ProcessSpecs
+travel to agents as JSON (spec_to_dict / spec_from_dict).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainrun.plan.envcontract import JobInfo, rank_env
+from trainrun.plan.hosts import HostSpec
+from trainrun.plan.placement import RankAssignment
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    assignment: RankAssignment
+    argv: tuple[str, ...]
+    env: dict  # what trainrun adds on top of the host's environment
+    cwd: str
+    bind_to: str = "none"
+
+    @property
+    def rank(self) -> int:
+        return self.assignment.rank
+
+    @property
+    def host(self) -> str:
+        return self.assignment.host.name
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job: JobInfo
+    procs: tuple[ProcessSpec, ...]
+
+    def by_host(self) -> dict[str, list[ProcessSpec]]:
+        """Processes grouped by host, hosts in node-rank order."""
+        out: dict[str, list[ProcessSpec]] = {}
+        for p in self.procs:
+            out.setdefault(p.host, []).append(p)
+        return out
+
+
+def build_plan(
+    assignments: list[RankAssignment],
+    job: JobInfo,
+    argv: tuple[str, ...],
+    cwd: str,
+    extra_env: dict[str, str],
+    bind_to: str = "none",
+) -> LaunchPlan:
+    procs = tuple(  # what the user exports with -x wins over what trainrun derives (e.g. the NIC choice)
+        ProcessSpec(a, argv, {**rank_env(a, job), **extra_env}, cwd, bind_to) for a in assignments
+    )
+    return LaunchPlan(job, procs)
+
+
+def spec_to_dict(p: ProcessSpec) -> dict:
+    """A ProcessSpec as JSON-able data, for the agent that runs it on its host."""
+    a = p.assignment
+    return {
+        "argv": list(p.argv), "env": p.env, "cwd": p.cwd, "bind_to": p.bind_to,
+        "host": {"name": a.host.name, "slots": a.host.slots, "user": a.host.user},
+        "assignment": {k: getattr(a, k) for k in (
+            "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "node_rank", "nnodes")},
+        "gpus": list(a.gpus),
+    }
+
+
+def spec_from_dict(d: dict) -> ProcessSpec:
+    host = HostSpec(**d["host"])
+    a = RankAssignment(host=host, gpus=tuple(d["gpus"]), **d["assignment"])
+    return ProcessSpec(a, tuple(d["argv"]), dict(d["env"]), d["cwd"], d["bind_to"])
