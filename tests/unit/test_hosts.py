@@ -69,3 +69,11 @@ def test_own_hostname_is_local():
     import socket
 
     assert is_local_name(socket.gethostname())
+
+
+def test_one_host_under_two_logins_is_a_usage_error():
+    """A host is its name (one agent, one set of local ranks): alice@h1 and bob@h1 are not two hosts."""
+    with pytest.raises(UsageError, match=r"host 'h1' is listed twice, as 'alice@h1' .* and as 'bob@h1'"):
+        parse_hosts_arg("alice@h1:1,bob@h1:1")
+    with pytest.raises(UsageError, match=r"f:2: host 'h1' is listed twice"):
+        parse_hostfile_text("alice@h1 slots=1\nbob@h1 slots=1\n", "f")
