@@ -10,10 +10,10 @@ learning rate up; print and checkpoint only on rank 0.
 """
 import argparse
 
+import keras  # noqa: E402  (after trainrun.keras, which selects the torch backend)
 import numpy as np
 
 import trainrun.keras as hvd
-import keras  # noqa: E402  (after trainrun.keras, which selects the torch backend)
 
 
 def synthetic_shard(n, rank, size, seed=0):

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import cpu_model, versions as _versions  # noqa: E402
+from bench_common import cpu_model  # noqa: E402
+from bench_common import versions as _versions
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -23,8 +23,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import (REPO, BenchError, bench_env, hostfiles, machine_lines, med, run_rounds, ssh_wrapper,
-                          testbed, testbed_session, tool, trainrun_argv, write_out)
+from bench_common import (
+    REPO,
+    BenchError,
+    bench_env,
+    hostfiles,
+    machine_lines,
+    med,
+    run_rounds,
+    ssh_wrapper,
+    testbed,
+    testbed_session,
+    tool,
+    trainrun_argv,
+    write_out,
+)
 
 HOSTS = 4
 TARGET_RATIO = 1.5

@@ -5,8 +5,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 CHECK_FAILED = 4
 
 
@@ -116,4 +114,4 @@ def test_changed_host_key_is_refused(cluster, tmp_path):
     config.write_text(cluster.ssh_config.read_text().replace(str(cluster.known_hosts), str(kh)))
     r = check(cluster, "--hostfile", str(cluster.hostfile), cwd=tmp_path, config=config)
     assert r.returncode == CHECK_FAILED
-    assert f"problem: h3: hostkey: host key for 10.241.0.4 CHANGED" in r.stdout and f"line 3 of {kh}" in r.stdout
+    assert "problem: h3: hostkey: host key for 10.241.0.4 CHANGED" in r.stdout and f"line 3 of {kh}" in r.stdout

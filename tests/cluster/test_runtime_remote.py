@@ -1,7 +1,6 @@
 """The runtime across simulated hosts (a subset of tests/runtime): ranks on 2 hosts agree, fuse,
 report errors and train as on one machine; the engine's rounds and phases ride MPI between hosts."""
 import pytest
-
 from tests.runtime.launch import check, run_cases
 
 NUMPY = ["topology", "allreduce_every_op_dtype_shape", "async_handles", "fusion_of_hundreds_in_different_orders",

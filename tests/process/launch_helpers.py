@@ -7,6 +7,10 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import Run
 
 WORKERS = Path(__file__).parent / "workers"
 

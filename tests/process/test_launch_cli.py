@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launch_helpers import assert_one_line_error, base_env, worker
 
 pytestmark = pytest.mark.timeout(60)

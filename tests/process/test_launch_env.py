@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from launch_helpers import base_env, worker
 
 pytestmark = pytest.mark.timeout(60)

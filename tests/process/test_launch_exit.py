@@ -4,8 +4,7 @@ import sys
 import time
 
 import pytest
-
-from launch_helpers import all_pids, alive, assert_all_gone, wait_for_pidfiles, worker
+from launch_helpers import alive, all_pids, assert_all_gone, wait_for_pidfiles, worker
 
 pytestmark = pytest.mark.timeout(60)
 

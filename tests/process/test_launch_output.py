@@ -3,7 +3,6 @@ import re
 import sys
 
 import pytest
-
 from launch_helpers import worker
 
 pytestmark = pytest.mark.timeout(60)

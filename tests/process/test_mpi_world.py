@@ -1,13 +1,11 @@
 """mpi4py programs under `trainrun -np N` with the default MPI world (trainrun as MPICH's process manager)."""
 import glob
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 HERE = Path(__file__).parent / "mpi"
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.plan.hosts import HostSpec
-from trainrun.plan.envcontract import JobInfo
 from trainrun.mpi.openmpi import mpirun_argv
+from trainrun.plan.envcontract import JobInfo
+from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
 from trainrun.plan.spec import build_plan
 

@@ -1,7 +1,7 @@
 import json
 
-from trainrun.plan.envcontract import JobInfo, rank_env, read_rank_env
 from trainrun.facts.gpus import gpu_pool, parse_nvidia_smi
+from trainrun.plan.envcontract import JobInfo, rank_env, read_rank_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
 from trainrun.plan.render import plan_json, plan_table, redacted

@@ -18,9 +18,9 @@ import time
 from dataclasses import replace
 
 from trainrun.agent import wire
+from trainrun.agent.messages import AgentJob
 from trainrun.errors import TrainrunError
 from trainrun.facts.collect import launch_facts
-from trainrun.agent.messages import AgentJob
 from trainrun.run.local import LocalRanks
 from trainrun.run.watchdog import Watchdog
 

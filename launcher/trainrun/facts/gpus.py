@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+
 from trainrun.facts.model import Gpu
 
 

@@ -22,11 +22,10 @@ import os
 import re
 import shlex
 import socket
+import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
-
-import sys
 
 
 class _LazyInvoke:
@@ -52,7 +51,6 @@ import paramiko  # noqa: E402  (after the block above)
 
 from trainrun import log  # noqa: E402
 from trainrun.errors import HostError, HostsError, UsageError  # noqa: E402
-
 
 PORT_HINT = "check -p/--ssh-port"
 KEY_HINT = "check -i/--ssh-identity-file and the remote user's authorized_keys"
@@ -252,10 +250,10 @@ def _one_line(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def connect_all(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -> dict[str, paramiko.SSHClient]:
+def connect_each(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -> tuple[dict, dict[str, HostError]]:
     """Connect to every host (duplicates once) with at most `parallelism` connections in flight. Returns
-    {host: client} in the given order; the caller closes them. If any host fails, closes the clients that
-    succeeded and raises HostsError with every host's HostError (UsageError as is)."""
+    ({host: client} of those reached, in the given order; {host: HostError} of the others); the caller closes
+    the clients. A UsageError (bad ssh config) is raised after closing the clients that connected."""
     hosts = list(dict.fromkeys(hosts))
     pool = ThreadPoolExecutor(max_workers=max(1, min(parallelism, len(hosts))), thread_name_prefix="ssh-connect")
     futures = {h: pool.submit(connect, h, opts) for h in hosts}
@@ -266,12 +264,23 @@ def connect_all(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -
         _close_connected(futures.values())
         raise
     pool.shutdown()
-    errors = [f.exception() for f in futures.values() if f.exception()]
-    if errors:
+    others = [f.exception() for f in futures.values() if f.exception() and not isinstance(f.exception(), HostError)]
+    if others:
         _close_connected(futures.values())
-        others = [e for e in errors if not isinstance(e, HostError)]
-        raise others[0] if others else HostsError(errors)
-    return {h: f.result() for h, f in futures.items()}
+        raise others[0]
+    clients = {h: f.result() for h, f in futures.items() if f.exception() is None}
+    return clients, {h: f.exception() for h, f in futures.items() if f.exception() is not None}
+
+
+def connect_all(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -> dict[str, paramiko.SSHClient]:
+    """connect_each, all or nothing: if any host fails, closes the clients that connected and raises
+    HostsError with every host's HostError."""
+    clients, failures = connect_each(hosts, opts, parallelism)
+    if failures:
+        for c in clients.values():
+            c.close()
+        raise HostsError(list(failures.values()))
+    return clients
 
 
 def _close_connected(futures) -> None:

@@ -6,8 +6,6 @@ the agent's channel, never on a command line.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from trainrun.errors import HostError
 from trainrun.fanout import ssh
 from trainrun.plan.hosts import HostSpec
@@ -120,22 +118,12 @@ class SSHEngine:
         self.clients: dict = {}
 
     def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
-        """Connect to every host at once (at most `parallelism` in flight); UsageError (a bad ssh config)
-        propagates after the connected clients are closed."""
-        failures: dict[str, HostError] = {}
-        with ThreadPoolExecutor(max_workers=max(1, min(self.parallelism, len(hosts))),
-                                thread_name_prefix="ssh-connect") as pool:
-            futures = {h.name: pool.submit(ssh.connect, str(h), self.opts) for h in hosts}
-        for name, fut in futures.items():
-            err = fut.exception()
-            if err is None:
-                self.clients[name] = fut.result()
-            elif isinstance(err, HostError):
-                failures[name] = err
-            else:
-                self.close()
-                raise err
-        return failures
+        """Connect to every host at once (at most `parallelism` in flight); a UsageError (bad ssh config)
+        propagates."""
+        clients, failures = ssh.connect_each([str(h) for h in hosts], self.opts, self.parallelism)
+        names = {str(h): h.name for h in hosts}
+        self.clients.update({names[k]: c for k, c in clients.items()})
+        return {names[k]: err for k, err in failures.items()}
 
     def start_agent(self, host: str) -> SSHLink:
         return SSHLink(host, self.clients[host], python_module_command(self.python, "trainrun.agent"))

@@ -139,9 +139,8 @@ class PmiServer:
         try:
             cmd, args = parse_line(line)
         except PmiProtocolError as err:
-            if line.startswith(b"mcmd="):
-                err = PmiProtocolError("MPI_Comm_spawn (PMI mcmd) is not supported by trainrun")
-            step.errors.append((rank, str(err)))
+            why = "MPI_Comm_spawn (PMI mcmd) is not supported by trainrun" if line.startswith(b"mcmd=") else str(err)
+            step.errors.append((rank, why))
             return
         try:
             handler = getattr(self, f"_cmd_{cmd}", None)

@@ -16,8 +16,6 @@ from trainrun.mpi.shm import kvsname_for, remove_shm_segments
 from trainrun.plan.spec import LaunchPlan
 
 
-
-
 @dataclass(frozen=True)
 class WorldProblem:
     rank: int | None
