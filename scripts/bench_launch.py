@@ -7,6 +7,7 @@ target is trainrun <= 3x mpiexec; above that, the top import costs of `trainrun 
 
     python scripts/bench_launch.py                 # 20 rounds, table to stdout and docs/benchmarks/launch.md
     python scripts/bench_launch.py --rounds 5 --out /tmp/launch.md
+    python scripts/bench_launch.py --compare-ref HEAD~1   # also trainrun as of another commit, side by side
 
 The launchers are the ones next to this interpreter (the venv's); a missing one is skipped with a note.
 """
@@ -62,7 +63,8 @@ def bench_env(pycache: str | None) -> dict[str, str]:
     return env
 
 
-def time_once(argv: list[str], env: dict[str, str]) -> float:
+def time_once(argv: list[str], env: dict[str, str], extra: dict[str, str] | None = None) -> float:
+    env = {**env, **(extra or {})}
     t0 = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120, env=env)
     elapsed = time.perf_counter() - t0
@@ -117,6 +119,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "launch.md"))
+    ap.add_argument("--compare-ref", metavar="REF",
+                    help="also time trainrun as of git REF (a temporary worktree on PYTHONPATH), in the same rounds")
     ap.add_argument("--no-bytecode-cache", action="store_true",
                     help="run with the environment as it is (PYTHONDONTWRITEBYTECODE honoured)")
     args = ap.parse_args()
@@ -125,18 +129,31 @@ def main() -> int:
         tiny.write_text("pass\n")
         env = bench_env(None if args.no_bytecode_cache else os.path.join(tmp, "pycache"))
         cmds = commands(str(tiny))
+        extra: dict[str, dict[str, str]] = {}
+        if args.compare_ref:
+            ref_tree = os.path.join(tmp, "ref")
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", ref_tree, args.compare_ref],
+                           check=True, capture_output=True)
+            name = f"trainrun@{args.compare_ref} -np 2 python -c pass"
+            cmds[name] = [sys.executable, "-m", "trainrun", "-np", "2", sys.executable, "-c", "pass"]
+            extra[name] = {"PYTHONPATH": os.path.join(ref_tree, "launcher")}
+            # this tree's trainrun the same way, so the two differ only in the code
+            cmds["trainrun -np 2 python -c pass"] = [sys.executable, "-m", "trainrun", "-np", "2", sys.executable, "-c", "pass"]
+            extra["trainrun -np 2 python -c pass"] = {"PYTHONPATH": str(REPO / "launcher")}
         for name in ("mpiexec", "torchrun"):
             if not any(k.startswith(name) for k in cmds):
                 print(f"bench_launch: no {name} found; skipping it", file=sys.stderr)
         names = list(cmds)
         load_start = os.getloadavg()[0]
         for name in names:  # warm-up: page cache, bytecode
-            time_once(cmds[name], env)
+            time_once(cmds[name], env, extra.get(name))
         samples: dict[str, list[float]] = {n: [] for n in names}
         for r in range(args.rounds):
             k = r % len(names)
             for name in names[k:] + names[:k]:
-                samples[name].append(time_once(cmds[name], env))
+                samples[name].append(time_once(cmds[name], env, extra.get(name)))
+        if args.compare_ref:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", ref_tree], capture_output=True)
         text = table(samples, args.rounds, not args.no_bytecode_cache, (load_start, os.getloadavg()[0]))
         print(text)
         out = Path(args.out)

@@ -15,4 +15,7 @@ export TRAINRUN_DOCKER_TORCH=${TRAINRUN_DOCKER_TORCH:-1}   # the full run includ
 if [ "${CI:-}" = true ]; then
   export TRAINRUN_STRICT_SKIPS=1   # in CI only "no GPU" may skip (tests/conftest.py)
 fi
+if [ $# -eq 0 ]; then
+  .venv/bin/ruff check .   # the project's linter (configured in pyproject.toml): the whole tree is clean
+fi
 .venv/bin/python -m pytest -ra "$@"

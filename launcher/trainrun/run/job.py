@@ -15,13 +15,16 @@ import selectors
 import signal
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
-from trainrun.run.groups import RankGroup
 from trainrun.run.output import OutputSink
 from trainrun.run.result import Failure, JobResult, exit_code_of, signame
 from trainrun.run.watchdog import Watchdog
+
+if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
+    from trainrun.run.groups import RankGroup
 
 TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer

@@ -16,11 +16,14 @@ import signal
 import socket
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
 from trainrun.errors import ProgramError
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run.groups import RankEvents
 from trainrun.run.watchdog import Watchdog
+
+if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
+    from trainrun.run.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
 
