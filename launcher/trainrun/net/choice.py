@@ -39,11 +39,12 @@ def probe_nics(engine, hosts: list[str], python, include_excluded: bool = False,
 
 
 def choose_nics(cfg, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
-    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host.
+    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host, or
+    when this machine is one of the hosts (the probe runs on hosts reached through `engine` only).
     `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
     if cfg.network_interface:
         return tuple(cfg.network_interface.split(","))
-    if len(hosts) < 2 or any(h.name not in facts for h in hosts):
+    if len(hosts) < 2 or any(h.is_local or h.name not in facts for h in hosts):
         return ()
     cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
     if cached is not None and nics_present(cached, facts):
