@@ -38,8 +38,9 @@ NODELISTS = [
     ("h[1-2],,h3", ["h1", "h2", "h3"]),
     ("h[1,1]", ["h1", "h1"]),
     (" h1 ", ["h1"]),
+    # text after a lone bracket group: newer Slurm; 22.05's scontrol refuses it (prints nothing)
     ("gpu-a100-[1-2].cluster.example", ["gpu-a100-1.cluster.example", "gpu-a100-2.cluster.example"]),
-    ("n[1-2]-ib", ["n1-ib", "n2-ib"]),             # newer Slurm; 22.05's scontrol refuses one group + suffix
+    ("n[1-2]-ib", ["n1-ib", "n2-ib"]),
 ]
 
 
