@@ -30,8 +30,13 @@ def test_sbatch_script_runs_trainrun_in_the_allocation(slurm, tmp_path, jobs_can
     """The script runs `python -m trainrun` on the batch host with the submitter's python and environment;
     --parsable prints the job id first, --wait returns the job's exit code; the output file holds the
     rank-prefixed lines."""
-    prog = ("import os, socket, sys; print(socket.gethostname(), os.environ['RANK'], os.environ['SLURM_JOB_ID']);"
-            " sys.exit(3 if os.environ['RANK'] == '1' else 0)")
+    # rank 1 fails with 3, but only once rank 0 has printed (fail-fast would stop rank 0 otherwise)
+    prog = ("import os, socket, sys, time; rank = os.environ['RANK']\n"
+            "print(socket.gethostname(), rank, os.environ['SLURM_JOB_ID'], flush=True)\n"
+            "if rank == '0': open('rank0.done', 'w').close()\n"
+            "deadline = time.monotonic() + 60\n"
+            "while rank == '1' and not os.path.exists('rank0.done') and time.monotonic() < deadline: time.sleep(0.05)\n"
+            "sys.exit(3 if rank == '1' else 0)\n")
     script = build_script(["-N", "2", "--job-name=trainrun sbatch test", "--output=%x-%j.out"],
                           ["-np", "2", sys.executable, "-c", prog], sys.executable)
     p = slurm.run(1, sbatch_argv(wait=True), input=script, cwd=tmp_path, timeout=120)

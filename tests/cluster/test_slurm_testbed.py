@@ -58,7 +58,7 @@ def comm(pid: int) -> str:
         return ""
 
 
-def wait_for(cond, timeout: float = 10.0) -> bool:
+def wait_for(cond, timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -129,10 +129,14 @@ def test_unbuffered_step_output_interleaves_tasks(slurm, alloc, tmp_path):
     carry several agents' binary frames (one step per host can)."""
     job = alloc(3)
     writer = tmp_path / "w.py"
-    writer.write_text("import os\nc = str(int(os.environ['SLURM_PROCID']) + 1).encode()\n"
-                      "for _ in range(20):\n    os.write(1, c * 65536)\n")
+    writer.write_text(  # all three tasks start writing together: a late start cannot serialise them
+        "import os, time\nme = os.environ['SLURM_PROCID']\nopen(f'ready.{me}', 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        "while not all(os.path.exists(f'ready.{i}') for i in range(3)) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "for _ in range(20):\n    os.write(1, str(int(me) + 1).encode() * 65536)\n")
     p = slurm.run(1, ["srun", "--overlap", "-N3", "--ntasks-per-node=1", "-u", "python3", writer],
-                  env={"SLURM_JOB_ID": job}, text=False)
+                  env={"SLURM_JOB_ID": job}, text=False, cwd=tmp_path)
     assert p.returncode == 0 and len(p.stdout) == 3 * 20 * 65536
     runs = 1 + sum(1 for a, b in zip(p.stdout, p.stdout[1:]) if a != b)
     assert runs > 3   # not one block per task
@@ -155,14 +159,16 @@ def test_scancel_of_a_step_kills_its_tasks_and_keeps_the_allocation(slurm, alloc
         srun.communicate()
 
 
-def test_kill_on_bad_exit_ends_the_other_tasks(slurm, alloc):
+def test_kill_on_bad_exit_ends_the_other_tasks(slurm, alloc, tmp_path):
     """A task exiting non-zero ends the step: the others get SIGTERM; srun's code is the highest task code
     (143 here, not the failing task's 3), so srun's exit code does not name the failure."""
     job = alloc(3)
-    script = ('if [ "$SLURM_PROCID" = 1 ]; then sleep 0.3; exit 3; fi; '
-              'trap "echo $(hostname) TERM; exit 143" TERM; sleep 300 & wait')
+    # task 1 fails once the others have their TERM handler in place (ready.N files in the shared cwd)
+    script = ('if [ "$SLURM_PROCID" = 1 ]; then for _ in $(seq 300); do [ -e ready.0 ] && [ -e ready.2 ] && break;'
+              ' sleep 0.1; done; exit 3; fi; '
+              'trap "echo $(hostname) TERM; exit 143" TERM; touch ready.$SLURM_PROCID; sleep 300 & wait')
     p = slurm.run(1, ["srun", "--overlap", "-N3", "--ntasks-per-node=1", "--kill-on-bad-exit", "bash", "-c", script],
-                  env={"SLURM_JOB_ID": job}, timeout=30)
+                  env={"SLURM_JOB_ID": job}, timeout=60, cwd=tmp_path)
     assert sorted(p.stdout.split("\n")[:-1]) == ["h1 TERM", "h3 TERM"], p.stderr
     assert "h2: task 1: Exited with exit code 3" in p.stderr and p.returncode == 143
 
