@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install trainrun (editable) with the embedded MPI (mpich wheel) and the pinned
 # CPU torch the examples use. Idempotent. Usage: bash scripts/setup.sh [--test]
-#   --test  also the test dependencies and the Debian packages the test cluster needs (root).
+#   --test  also the test dependencies and the Debian packages the test clusters need (root): sshd for the
+#           simulated hosts, slurm-wlm + munge for the Slurm cluster on them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH=${TRAINRUN_TORCH:-torch==2.13.0}   # pinned: an unpinned torch pulls GBs of CUDA packages
@@ -13,6 +14,10 @@ if [ "${1:-}" = "--test" ]; then
     [ -x /usr/sbin/sshd ] || need="$need openssh-server"
     command -v ip >/dev/null || need="$need iproute2"
     command -v ssh-keygen >/dev/null || need="$need openssh-client"
+    # the Slurm test cluster (scripts/slurm_testbed.py): slurmctld/slurmd/srun + munged. A distro service these
+    # packages may start does not matter: the testbed's daemons run inside the hosts with their own config and socket
+    [ -x /usr/sbin/slurmd ] || need="$need slurm-wlm"
+    [ -x /usr/sbin/munged ] || need="$need munge"
     if [ -n "$need" ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi

@@ -4,6 +4,9 @@ Skips with the reason when the machine cannot host them (not root, no namespaces
 session holds the testbed lock for longer than LOCK_WAIT_S, or when a testbed brought up from the command
 line is in the way. Always tears the hosts down, also after failures; a testbed left behind by a killed
 test session is removed first. Every test in this folder is marked `cluster`.
+
+The `slurm` fixture: a real Slurm cluster on those hosts (scripts/slurm_testbed.py: munged + slurmctld on h1,
+slurmd on every host) for the rest of the session; skips with the reason when slurm-wlm/munge are missing.
 """
 from __future__ import annotations
 
@@ -18,6 +21,11 @@ import pytest
 _spec = importlib.util.spec_from_file_location("trainrun_testbed", Path(__file__).parents[2] / "scripts/testbed.py")
 testbed = sys.modules["trainrun_testbed"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(testbed)
+sys.modules.setdefault("testbed", testbed)   # the name scripts/slurm_testbed.py imports it by
+_spec = importlib.util.spec_from_file_location("trainrun_slurm_testbed",
+                                               Path(__file__).parents[2] / "scripts/slurm_testbed.py")
+slurm_testbed = sys.modules["trainrun_slurm_testbed"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(slurm_testbed)
 
 HOSTS = 3
 LOCK_WAIT_S = 120
@@ -56,3 +64,19 @@ def cluster():
             assert not left, f"testbed teardown left {left}"
     finally:
         os.close(fd)
+
+
+@pytest.fixture(scope="session")
+def slurm(cluster):
+    """A slurm_testbed.Slurm on the cluster's hosts: .run(i, argv, cwd=..., env=...) / .popen(...) inside host i
+    with Slurm's client env (h1 is the login node: salloc/srun/sbatch from there), .jobs(), .cancel_all(),
+    .nodes(), .conf, .log_dir. Tests must leave no job behind (cancel_all in a finally)."""
+    reason = slurm_testbed.missing_requirement()
+    if reason:
+        pytest.skip(f"slurm tests: {reason}")
+    sl = slurm_testbed.up(cluster)
+    try:
+        yield sl
+    finally:
+        left = slurm_testbed.down(cluster.state_dir)
+        assert not left, f"slurm teardown left {left}"
