@@ -9,6 +9,7 @@ import sys
 
 from trainrun import log
 from trainrun.cli.config import LaunchConfig
+from trainrun.fanout.select import HostSource, host_source
 from trainrun.plan.planner import JobShape, make_plan, master_address, shape_job
 from trainrun.run.output import OutputSink, prepare_output_dir
 
@@ -19,7 +20,8 @@ def launch(cfg: LaunchConfig) -> int:
     """Plan, then print it (--dry-run), check the hosts (--check) or run it. Returns the exit code."""
     if cfg.check:
         return check(cfg)
-    shape = shape_job(cfg)
+    source = host_source(cfg, os.environ)
+    shape = shape_job(cfg, source.hosts, source.default_np)
     if shape.has_local:
         from trainrun.plan.program import check_local_program
 
@@ -33,24 +35,26 @@ def launch(cfg: LaunchConfig) -> int:
         here = launch_facts()
         facts = {h.name: here for h in shape.used if h.is_local}
     if cfg.dry_run:
-        return dry_run(cfg, shape, facts)
+        return dry_run(cfg, source, shape, facts)
     if cfg.mpi == "openmpi":  # mpirun does its own fan-out
         from trainrun.mpi.openmpi import run_openmpi
 
         plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
         return run_openmpi(plan, OutputSink(cfg.prefix, cfg.output_dir), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
-    return run_job(cfg, shape, facts)
+    return run_job(cfg, source, shape, facts)
 
 
-def dry_run(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
+def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
     from trainrun.plan.render import plan_json, plan_table
 
-    plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
-    print(plan_json(plan) if cfg.json else plan_table(plan))
+    plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name,
+                     slurm=source.allocation is not None)
+    notes = {"hosts": source.reason, **({"engine": source.engine} if shape.remote else {})}
+    print(plan_json(plan, notes) if cfg.json else plan_table(plan, notes))
     return 0
 
 
-def run_job(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
+def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
     """Reach the remote hosts, plan with their facts, run every rank group to the end."""
     from trainrun.plan.envcontract import forwarded_env
     from trainrun.run.job import Job
@@ -61,7 +65,7 @@ def run_job(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
         from trainrun.fanout.agents import open_agents
         from trainrun.fanout.select import engine_for
 
-        engine = engine_for(cfg)
+        engine = engine_for(cfg, source)
         agents = open_agents(engine, shape.remote, timeout=cfg.ssh_timeout + AGENT_START_SLACK)
     try:
         facts = {**facts, **{name: agent.facts for name, agent in agents.items()}}
@@ -71,7 +75,8 @@ def run_job(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
 
             nics = choose_nics(cfg, shape.used, engine, facts)
         routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
-        plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics)
+        plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
+                         slurm=source.allocation is not None)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         by_host, mpi = plan.by_host(), cfg.mpi != "none"
         local = [p for p in plan.procs if p.host not in agents]

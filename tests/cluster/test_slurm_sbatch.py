@@ -44,7 +44,7 @@ def test_sbatch_script_runs_trainrun_in_the_allocation(slurm, tmp_path, jobs_can
     assert p.returncode == 3, p.stderr   # the job's code: trainrun's, the failing rank's
     out = (tmp_path / f"trainrun sbatch test-{jid}.out").read_text()
     assert f"[0]<stdout>:h1 0 {jid}" in out.splitlines()
-    assert f"[1]<stdout>:h1 1 {jid}" in out.splitlines()
+    assert f"[1]<stdout>:h2 1 {jid}" in out.splitlines()   # hosts and slots from the allocation: 1 task per node
 
 
 def test_sbatch_without_wait_prints_the_job_id_at_once(slurm, tmp_path, jobs_cancelled):

@@ -5,7 +5,7 @@ the same LocalRanks the launcher uses for its own host, and relays their output,
 lines over stdout as frames (wire.py), taking SIGNAL/KILL/PMI frames on stdin.
 
 Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
-dropped) the agent SIGKILLs every process group of its ranks and exits; if the agent itself is
+dropped) or SIGTERM arrives, the agent SIGKILLs every process group of its ranks and exits; if the agent itself is
 killed, its Watchdog does the same. When all its ranks have exited it exits 0.
 """
 from __future__ import annotations
@@ -94,6 +94,8 @@ class Agent:
 
     def run(self) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # SIGTERM (scancel of a Slurm step or allocation, a host shutting down): kill the ranks, then exit
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "done", True))
         watchdog = Watchdog()
         self.send(wire.json_frame(wire.HELLO, launch_facts(with_nics=True).to_json()))
         self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))

@@ -117,16 +117,17 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
 
 
 def run_check(cfg) -> CheckReport:
-    from trainrun.fanout.select import engine_for
+    from trainrun.fanout.select import engine_for, host_source
 
-    hosts = cfg.host_specs()
+    source = host_source(cfg, os.environ)
+    hosts = source.hosts
     problems = []
     try:
-        shape = shape_job(cfg, hosts)
+        shape = shape_job(cfg, hosts, source.default_np)
     except UsageError as err:  # e.g. -np above the slots: a problem to report; the hosts are still checked
         shape, problems = JobShape(tuple(hosts), (0,) * len(hosts)), [str(err)]
     need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
-    engine = engine_for(cfg) if any(not h.is_local for h in hosts) else None
+    engine = engine_for(cfg, source) if any(not h.is_local for h in hosts) else None
     servers = {}
     try:
         checks, servers = collect_hosts(hosts, cfg, engine, serve=need_nic)
@@ -158,7 +159,7 @@ def run_check(cfg) -> CheckReport:
         if routable:
             save_nic_choice(hosts, cfg, nic_names)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings,
-                           np=requested_np(cfg, hosts))
+                           np=requested_np(cfg, hosts, source.default_np), source=source.reason)
     finally:
         for s in servers.values():
             s.channel.close()

@@ -38,6 +38,7 @@ class CheckReport:
     problems: list[str]
     warnings: list[str] = field(default_factory=list)
     np: int = 0                     # ranks asked for
+    source: str = ""                # where the hosts came from and how they are reached (fanout/select.py)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +75,7 @@ def evaluate(hosts: list[HostCheck], nics: list[str], local_ranks: dict[str, int
 
 
 def render_report(r: CheckReport) -> str:
-    out = ["Hosts"]
+    out = [f"Hosts ({r.source})" if r.source else "Hosts"]
     rows = []
     for h in r.hosts:
         f = h.facts
@@ -105,6 +106,7 @@ def render_report(r: CheckReport) -> str:
 def report_json(r: CheckReport) -> str:
     return json.dumps({
         "ok": r.ok,
+        "hosts_from": r.source,
         "problems": r.problems,
         "warnings": r.warnings,
         "hosts": [{"host": h.host, "ok": h.ok, "stage": h.stage, "error": h.error, "slots": h.slots, "facts": h.facts.to_json() if h.ok else {}} for h in r.hosts],

@@ -17,6 +17,8 @@ Examples:
   trainrun --hostfile hostfiles/local.txt --dry-run train.py
   trainrun -H node1:4,node2:4 --check          is every host ready? (exit 0 if the job could run)
   trainrun --config run.yaml train.py         options from YAML; flags override
+  salloc -N3 trainrun train.py                inside Slurm: hosts, slots and -np from the allocation, via srun
+  trainrun --sbatch -N 3 --time=10 --wait train.py    submit as a batch job and follow it
 
 Everything after the program is passed to it untouched (also -np, -H, ...).
 """
@@ -37,6 +39,29 @@ class Count(click.ParamType):
         if n < 1:
             self.fail(f"{n} must be at least 1", param, ctx)
         return n
+
+
+def _sbatch_first(value: bool) -> None:
+    if value:  # main() takes --sbatch when it comes first; anywhere else it would mix the two option sets
+        raise click.UsageError("--sbatch goes first: trainrun --sbatch [SBATCH OPTIONS...] [OPTIONS] PROGRAM ...")
+
+
+def _wait_needs_sbatch(value: bool) -> None:
+    if value:
+        raise click.UsageError("--wait goes with --sbatch (trainrun --sbatch [SBATCH OPTIONS...] --wait ...)")
+
+
+def _option_arity() -> dict[str, bool]:
+    """Every option name of the command -> whether it takes a value."""
+    return {o: not (p.is_flag or p.count) for p in cli.params if isinstance(p, click.Option) for o in p.opts}
+
+
+def _submit(argv: list[str]) -> int:
+    from trainrun.slurm.submit import split_argv, submit
+
+    sub = split_argv(argv, _option_arity())
+    cli.make_context("trainrun", list(sub.trainrun_args))  # the script's options are checked before submitting
+    return submit(sub)
 
 
 def _load_config(ctx: click.Context, _param, value):
@@ -78,6 +103,14 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--workdir", metavar="DIR", help="Working directory of the ranks (default: the launcher's).")
 @click.option("--network-interface", metavar="NIC[,NIC]", help="NICs for the job's traffic (checked); default: the probe's choice.")
 @click.option("--no-cache", is_flag=True, help="Probe the NICs again instead of using the last hour's choice.")
+@click.option("--engine", type=click.Choice(["auto", "ssh", "slurm"]), default="auto", show_default=True,
+              help="How remote hosts are reached: ssh; slurm (srun, inside an allocation); auto: Slurm inside an "
+                   "allocation when no -H/--hostfile is given, else SSH.")
+@click.option("--sbatch", "sbatch_", is_flag=True, expose_value=False, is_eager=True, callback=lambda c, p, v: _sbatch_first(v),
+              help="Submit as a Slurm batch job instead: trainrun --sbatch [SBATCH OPTIONS...] [OPTIONS] PROGRAM "
+                   "(must come first; prints the job id).")
+@click.option("--wait", "wait_", is_flag=True, expose_value=False, callback=lambda c, p, v: _wait_needs_sbatch(v),
+              help="With --sbatch: wait for the job to end and exit with its code.")
 @click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
 @click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")
@@ -105,8 +138,12 @@ def cli(command, json_, **options):
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        code = cli.main(args=argv, prog_name="trainrun", standalone_mode=False)
+        if argv and argv[0] == "--sbatch":
+            code = _submit(argv[1:])
+        else:
+            code = cli.main(args=argv, prog_name="trainrun", standalone_mode=False)
     except click.exceptions.Abort:
         code = 130
     except click.ClickException as err:

@@ -46,20 +46,23 @@ class LaunchConfig:
     dry_run: bool = False
     json: bool = False
     verbose: bool = False
+    engine: str = "auto"
 
     def __post_init__(self):
         if self.hosts and self.hostfile:
             raise UsageError("-H and --hostfile both given; use one of them")
-        if self.num_proc is None and not (self.hosts or self.hostfile):
-            raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
 
     def host_specs(self) -> list[HostSpec]:
+        """The hosts of -H or --hostfile; without either, this machine with -np slots (UsageError without -np:
+        fanout/select.py first looks for a Slurm allocation to take the hosts from)."""
         if self.hosts:
             return parse_hosts_arg(self.hosts)
         if self.hostfile:
             return read_hostfile(self.hostfile)
+        if self.num_proc is None:
+            raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         return [HostSpec("localhost", self.num_proc)]
 
     def exported_env(self, environ) -> dict[str, str]:

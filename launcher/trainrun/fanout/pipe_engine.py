@@ -16,9 +16,10 @@ class PipeLink:
 
     peer_address = local_address = "127.0.0.1"
 
-    def __init__(self, host: str, argv: list[str]):
+    def __init__(self, host: str, argv: list[str], new_session: bool = False):
         self.host = host
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=new_session)
         for f in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(f.fileno(), False)
 

@@ -21,20 +21,21 @@ class JobInfo:
     master_port: int
     nics: tuple[str, ...] = ()
     isolate_gpus: bool = False
+    slurm: bool = False  # inside a Slurm allocation: also Slurm's own rank variables (see rank_env)
 
     def to_arg(self) -> str:
         """One command-line word (JSON) that from_arg reads back (the Open MPI rank shim gets it)."""
         import json
 
-        return json.dumps([self.job_id, self.master_addr, self.master_port, list(self.nics), self.isolate_gpus],
-                          separators=(",", ":"))
+        return json.dumps([self.job_id, self.master_addr, self.master_port, list(self.nics), self.isolate_gpus,
+                           self.slurm], separators=(",", ":"))
 
     @classmethod
     def from_arg(cls, text: str) -> JobInfo:
         import json
 
-        job_id, addr, port, nics, isolate = json.loads(text)
-        return cls(job_id, addr, int(port), tuple(nics), bool(isolate))
+        job_id, addr, port, nics, isolate, slurm = json.loads(text)
+        return cls(job_id, addr, int(port), tuple(nics), bool(isolate), bool(slurm))
 
 
 def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
@@ -61,6 +62,11 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
         env["TRAINRUN_GPUS"] = ",".join(map(str, a.gpus))
         if job.isolate_gpus:
             env["CUDA_VISIBLE_DEVICES"] = env["TRAINRUN_GPUS"]
+    if job.slurm:
+        # Programs that read Slurm's variables (Lightning, submitit, hand-written srun scripts) see the same world
+        # as the contract, not the one-task step an agent runs in or the launcher's allocation.
+        env.update(SLURM_PROCID=a.rank, SLURM_LOCALID=a.local_rank, SLURM_NODEID=a.node_rank, SLURM_NTASKS=a.size,
+                   SLURM_NPROCS=a.size)
     if job.nics:
         nics = ",".join(job.nics)
         env.update(NCCL_SOCKET_IFNAME=nics, GLOO_SOCKET_IFNAME=nics, UCX_NET_DEVICES=nics)

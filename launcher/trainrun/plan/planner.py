@@ -1,6 +1,6 @@
 """The one planning path that a launch, `--dry-run` and `--check` share. Pure.
 
-    shape_job(cfg)                      hosts and how many ranks each gets (-np decided here, once)
+    shape_job(cfg, hosts)               hosts and how many ranks each gets (-np decided here, once)
     assign(cfg, shape, facts)           every rank's RankAssignment, GPUs from each host's facts
     make_plan(cfg, shape, facts, ...)   the LaunchPlan: argv, env contract, cwd per rank
     master_address(...)                 the address rank 0's host is reached at by every host
@@ -45,15 +45,16 @@ class JobShape:
         return any(h.is_local for h in self.used)
 
 
-def requested_np(cfg, hosts: list[HostSpec]) -> int:
-    """-np, or every slot of the hosts."""
-    return cfg.num_proc if cfg.num_proc is not None else sum(h.slots for h in hosts)
+def requested_np(cfg, hosts: list[HostSpec], default_np: int | None = None) -> int:
+    """-np, else the host source's default (a Slurm allocation's task count), else every slot of the hosts."""
+    if cfg.num_proc is not None:
+        return cfg.num_proc
+    return default_np if default_np is not None else sum(h.slots for h in hosts)
 
 
-def shape_job(cfg, hosts: list[HostSpec] | None = None) -> JobShape:
+def shape_job(cfg, hosts: list[HostSpec], default_np: int | None = None) -> JobShape:
     """Raises UsageError when -np does not fit the slots (without --oversubscribe)."""
-    hosts = cfg.host_specs() if hosts is None else hosts
-    return JobShape(tuple(hosts), tuple(ranks_per_host(hosts, requested_np(cfg, hosts), cfg.oversubscribe)))
+    return JobShape(tuple(hosts), tuple(ranks_per_host(hosts, requested_np(cfg, hosts, default_np), cfg.oversubscribe)))
 
 
 def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
@@ -65,12 +66,12 @@ def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAss
 
 
 def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
-              job_id: str | None = None, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+              job_id: str | None = None, environ: Mapping[str, str] | None = None, slurm: bool = False) -> LaunchPlan:
     """The whole job, decided. MASTER_PORT is the free port rank 0's host reported (29500 without facts)."""
     environ = os.environ if environ is None else environ
     rank0 = facts.get(shape.used[0].name, NO_FACTS)
     job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
-                  nics=nics, isolate_gpus=cfg.gpus_per_proc is not None)
+                  nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm)
     argv = command_argv(cfg.command, cfg.python or sys.executable)
     return build_plan(assign(cfg, shape, facts), job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ),
                       cfg.bind_to)

@@ -15,8 +15,8 @@ def redacted(env: dict[str, str]) -> dict[str, str]:
     return {k: ("<redacted>" if _SECRET.search(k) else v) for k, v in env.items()}
 
 
-def plan_table(plan: LaunchPlan) -> str:
-    """Human-readable plan: one row per rank, then the env rank 0 gets."""
+def plan_table(plan: LaunchPlan, notes: dict | None = None) -> str:
+    """Human-readable plan: one row per rank, the job line, `notes` ({what: why}), then the env rank 0 gets."""
     from trainrun.table import render_table
 
     rows = []
@@ -29,14 +29,16 @@ def plan_table(plan: LaunchPlan) -> str:
     lines = render_table(("RANK", "HOST", "LOCAL", "CROSS", "NODE", "GPUS", "BIND", "COMMAND"), rows)
     lines.append("")
     lines.append(f"job {plan.job.job_id}: {len(plan.procs)} rank(s) on {len(plan.by_host())} host(s), cwd {plan.procs[0].cwd}")
+    lines += [f"{k}: {v}" for k, v in (notes or {}).items()]
     lines.append("environment added to rank 0 (other ranks differ in their rank numbers):")
     lines += [f"  {k}={v}" for k, v in sorted(redacted(plan.procs[0].env).items())]
     return "\n".join(lines)
 
 
-def plan_json(plan: LaunchPlan) -> str:
+def plan_json(plan: LaunchPlan, notes: dict | None = None) -> str:
     job = plan.job
     doc = {
+        **(notes or {}),
         "job_id": job.job_id,
         "master_addr": job.master_addr,
         "master_port": job.master_port,
