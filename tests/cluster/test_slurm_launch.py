@@ -112,6 +112,11 @@ def test_a_rank_failing_on_h2_ends_the_job_on_every_host(slurm, cluster, tmp_pat
     assert wait_until_clean(cluster, 10) == {}
 
 
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def _start_job(slurm, tmp_path):
     prog = f"import os, time; open('up.' + os.environ['RANK'], 'w').close(); time.sleep(300)  # {MARK}"
     proc = slurm.popen(1, ["salloc", "-N3", *TRAINRUN, sys.executable, "-c", prog], cwd=tmp_path,
@@ -139,10 +144,11 @@ def test_scancel_of_the_allocation_leaves_nothing_on_any_host(slurm, cluster, tm
 def test_a_sigkilled_launcher_leaves_nothing_within_seconds(slurm, cluster, tmp_path, jobs_cancelled):
     proc = _start_job(slurm, tmp_path)
     try:
-        launcher = subprocess.run(["pgrep", "-f", "--", f"-m trainrun {sys.executable} -c"], capture_output=True, text=True)
-        pids = [int(p) for p in launcher.stdout.split()]
-        assert len(pids) == 1, launcher.stdout
-        os.kill(pids[0], signal.SIGKILL)
+        launcher = subprocess.run(["pgrep", "-f", "--", f"^{sys.executable} -m trainrun {sys.executable} -c"], capture_output=True, text=True)
+        pids = {int(p) for p in launcher.stdout.split()}
+        parents = [p for p in pids if _ppid(p) not in pids]  # not the launcher's forked watchdog
+        assert len(parents) == 1, launcher.stdout
+        os.kill(parents[0], signal.SIGKILL)
         assert wait_until_clean(cluster, 10) == {}
     finally:
         if proc.poll() is None:

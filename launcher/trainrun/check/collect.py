@@ -73,7 +73,7 @@ def _progress(done: int, total: int) -> None:
 def collect_hosts(hosts: list[HostSpec], cfg, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
     """Every host's HostCheck (in the given order) and, with `serve`, the reached remote hosts' running
     probe servers ({host: ProbeServer}; the caller closes their channels)."""
-    remote = [h for h in hosts if not h.is_local]
+    remote = [h for h in hosts if not h.is_local or (engine is not None and engine.reaches_local)]
     unreached = engine.reach(remote) if remote else {}
     timeout = cfg.ssh_timeout + 30
     results: dict[str, HostCheck] = {
@@ -83,8 +83,8 @@ def collect_hosts(hosts: list[HostSpec], cfg, engine, serve: bool = False) -> tu
     servers = {}
     todo = [h for h in hosts if h.name not in results]
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(todo) or 1))) as pool:
-        futures = {pool.submit(_local_facts, h, timeout) if h.is_local
-                   else pool.submit(_remote_facts, engine, h, timeout, serve): h for h in todo}
+        futures = {pool.submit(_remote_facts, engine, h, timeout, serve) if h in remote
+                   else pool.submit(_local_facts, h, timeout): h for h in todo}
         _progress(len(results), len(hosts))
         for n, fut in enumerate(futures, len(results) + 1):
             h = futures[fut]

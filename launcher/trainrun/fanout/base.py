@@ -49,6 +49,7 @@ class ModuleChannel(Protocol):
 
 class FanoutEngine(Protocol):
     name: str
+    reaches_local: bool  # can also run modules on this machine's host (srun can; SSH to ourselves is not assumed)
 
     def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]: ...
     def start_agent(self, host: str) -> AgentLink: ...

@@ -105,6 +105,7 @@ class PipeEngine:
     """FanoutEngine running every host's agent as a child of this process."""
 
     name = "pipe"
+    reaches_local = False
 
     def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
         return {}

@@ -82,6 +82,7 @@ class SrunEngine:
     """FanoutEngine through `srun` inside the Slurm allocation `alloc`."""
 
     name = "slurm"
+    reaches_local = True
 
     def __init__(self, alloc: Allocation, python: str):
         self.alloc, self.python = alloc, python

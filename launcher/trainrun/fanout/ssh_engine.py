@@ -112,6 +112,7 @@ class SSHEngine:
     """FanoutEngine over SSH (paramiko). `python`: the interpreter asked for on remote hosts (--python)."""
 
     name = "ssh"
+    reaches_local = False
 
     def __init__(self, opts: ssh.SSHOptions, python: str, parallelism: int = 64):
         self.opts, self.python, self.parallelism = opts, python, parallelism

@@ -44,7 +44,7 @@ def choose_nics(cfg, hosts: list[HostSpec], engine, facts: Mapping[str, HostFact
     `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
     if cfg.network_interface:
         return tuple(cfg.network_interface.split(","))
-    if len(hosts) < 2 or any(h.is_local or h.name not in facts for h in hosts):
+    if len(hosts) < 2 or any((h.is_local and not engine.reaches_local) or h.name not in facts for h in hosts):
         return ()
     cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
     if cached is not None and nics_present(cached, facts):
