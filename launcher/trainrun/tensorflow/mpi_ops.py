@@ -80,7 +80,16 @@ def _graph_name(kind: str, name, tensor) -> str:
 
 
 def _pyfunc(fn, inputs, tout, op_name):
-    return tf.numpy_function(fn, list(inputs), tout, stateful=True, name=op_name)
+    """One stateful numpy_function node. bfloat16 crosses it as float32 (numpy_function hands bfloat16
+    back as zeros in TF 2.21), so such values are reduced in float32 and rounded once."""
+    bf16 = tf.bfloat16
+    inputs = [tf.cast(t, tf.float32) if t.dtype == bf16 else t for t in inputs]
+    many = isinstance(tout, (list, tuple))
+    touts = list(tout) if many else [tout]
+    outs = tf.numpy_function(fn, inputs, [tf.float32 if t == bf16 else t for t in touts], stateful=True,
+                             name=op_name)
+    outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
+    return outs if many else outs[0]
 
 
 def _set_rank(process_set) -> tuple[int, int]:
@@ -262,7 +271,9 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
     def backward(dy):
         dy = _allreduce(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0, process_set)
-        return dy if state.rank() == root_rank else dy * 0
+        # the same ops on every rank (graph ops are named after tensors: rank-dependent graph
+        # structure would give later ops different names on different ranks)
+        return dy * tf.cast(state.rank() == root_rank, dy.dtype)
     return _recorded(lambda x: _broadcast(x, root_rank, name, process_set), backward, tensor)
 
 
