@@ -98,5 +98,5 @@ def test_launcher_never_imports_tensorflow():
     code = ("import sys, trainrun, trainrun.cli, trainrun.runtime; "
             "heavy = [m for m in ('tensorflow', 'tf_keras', 'keras') if m in sys.modules]; "
             "assert not heavy, heavy")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "runtime", "workers"))
 import tensorflow as tf  # noqa: E402
-
 import trainrun.tensorflow as hvd  # noqa: E402
 import trainrun.tensorflow.keras as hvdk  # noqa: E402
 from harness import case, expect, main  # noqa: E402
@@ -239,11 +238,10 @@ def tf_keras_fit_with_tf_data_matches_single_process():
 def keras_on_tensorflow_backend_fit_and_load_model():
     """Shape 3: trainrun.keras on Keras 3's TensorFlow backend, NumPy arrays, load_model."""
     import keras as keras3
-
     import trainrun.keras as hvd3
     assert keras3.backend.backend() == "tensorflow"
     x, y = shard(hvd.rank())
-    model, init0, losses = keras_fit(hvd3, keras3.optimizers.Adam(0.01), x, y=y, batch_size=B, shuffle=False)
+    model, init0, _ = keras_fit(hvd3, keras3.optimizers.Adam(0.01), x, y=y, batch_size=B, shuffle=False)
     close(model.get_weights(), keras_reference(init0, keras3.optimizers.Adam(0.01)), tol=1e-4)
     same_everywhere(model.get_weights())
     path = os.path.join(sys.argv[1], f"model{hvd.rank()}.keras")
