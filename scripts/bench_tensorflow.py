@@ -60,24 +60,26 @@ def rows_for(quick):
     rows = []
     for nbytes in [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]:
         x = np.ones(nbytes // 4, np.float32)
-        raw_buf, np_buf = x.copy(), x.copy()
+        raw_buf, np_buf, raw_out = x.copy(), x.copy(), np.empty_like(x)
         t = tf.constant(x)
         graph = tf.function(lambda v: hvd.allreduce(v, op=hvd.Sum, name="bench.graph"))
         graph(t)  # trace outside the timing
         it = iters_for(nbytes, quick)
-        tf_eager, tf_graph, np_in, np_out, raw = medians_us([
+        tf_eager, tf_graph, np_in, np_out, raw, raw_oop = medians_us([
             lambda: hvd.allreduce(t, op=hvd.Sum, name="bench.tf"),
             lambda: graph(t),
             lambda: rt.allreduce_(np_buf, name="bench.np_", op=rt.Sum),
             lambda: rt.allreduce(x, name="bench.np", op=rt.Sum),
-            lambda: COMM.Allreduce(MPI.IN_PLACE, raw_buf)], it)
+            lambda: COMM.Allreduce(MPI.IN_PLACE, raw_buf),
+            lambda: COMM.Allreduce(x, raw_out)], it)
         if nbytes == 4 << 10:
             TARGETS.append(("4 KiB: TF eager allreduce <= 3x raw mpi4py", f"{tf_eager / raw:.1f}x", tf_eager <= 3 * raw))
         if nbytes >= 1 << 20:
             TARGETS.append((f"{fmt_size(nbytes)}: TF eager allreduce >= 0.9x raw mpi4py bandwidth",
                             f"{raw / tf_eager:.2f}x", raw / tf_eager >= 0.9))
-        rows.append((fmt_size(nbytes), fmt_us(tf_eager), fmt_us(tf_graph), fmt_us(np_in), fmt_us(np_out), fmt_us(raw),
-                     f"{tf_eager / raw:.2f}x", f"{tf_graph / raw:.2f}x", f"{np_in / raw:.2f}x", str(it)))
+        times = (tf_eager, tf_graph, np_in, np_out, raw, raw_oop)
+        rows.append((fmt_size(nbytes), *map(fmt_us, times), f"{tf_eager / raw:.2f}x", f"{tf_eager / raw_oop:.2f}x",
+                     f"{tf_graph / raw:.2f}x", f"{np_in / raw:.2f}x", str(it)))
     return rows
 
 
@@ -97,10 +99,11 @@ def report(rows, quick, load_start) -> str:
               "- TF eager: `hvd.allreduce(tensor)` on an eager CPU tensor (out of place: one copy into an aligned "
               "buffer, reduced in place, adopted by the result tensor through DLPack); TF tf.function: the same op "
               "inside `tf.function` (a numpy_function node; TF copies its result); NumPy `allreduce_`: in place; "
-              "NumPy `allreduce`: out of place; raw: `COMM.Allreduce(MPI.IN_PLACE, buf)`", ""]
-    head = ("| size | TF eager | TF tf.function | NumPy allreduce_ | NumPy allreduce | raw mpi4py | "
-            "TF eager / raw | tf.function / raw | NumPy_ / raw | iterations |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+              "NumPy `allreduce`: out of place; raw: `COMM.Allreduce(MPI.IN_PLACE, buf)` (the targets' reference); "
+              "raw out of place: `COMM.Allreduce(x, out)` into a preallocated `out`", ""]
+    head = ("| size | TF eager | TF tf.function | NumPy allreduce_ | NumPy allreduce | raw mpi4py | raw out of place | "
+            "TF eager / raw | TF eager / raw out of place | tf.function / raw | NumPy_ / raw | iterations |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
     table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
     targets = ("\n## Targets (issue 12)\n\n| target | measured | met |\n|---|---:|---|\n"
                + "".join(f"| {t} | {m} | {'yes' if ok else 'no'} |\n" for t, m, ok in TARGETS))
