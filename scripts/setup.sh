@@ -23,6 +23,8 @@ if [ "${1:-}" = "--test" ]; then
     fi
   fi
   .venv/bin/python -m pip install -q -e '.[test]' "$TORCH"
+  # Keras 2 for the tf-keras tests, without its `tensorflow` requirement (a CUDA build over tensorflow-cpu's files)
+  .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
 else
   .venv/bin/python -m pip install -q -e . "$TORCH"
 fi

@@ -1,0 +1,117 @@
+"""Horovod's Keras callbacks, for any Keras: `make(keras, ops)` builds the classes on that Keras's
+`Callback` (Keras 3, or tf-keras) with that backend's collectives (`ops`: torch_ops or tf_ops)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+import trainrun.runtime as rt
+from trainrun.runtime import state
+
+
+def _variables(obj) -> list:
+    v = getattr(obj, "variables", [])
+    return list(v() if callable(v) else v)  # a method on tf-keras's legacy optimizers
+
+
+class _BroadcastGlobalVariables:
+    """At the start of training, give every rank `root_rank`'s model and optimizer variables, so
+    that ranks initialized differently (or only rank 0 restored from a checkpoint) start alike.
+    An optimizer without variables yet (tf-keras builds them in the first step) is broadcast after
+    the first batch instead."""
+
+    _ops = None
+
+    def __init__(self, root_rank: int = 0, device: str = ""):
+        super().__init__()
+        self.root_rank = root_rank
+        self.broadcast_done = False
+        self._optimizer_pending = False
+
+    def on_train_begin(self, logs=None):
+        if self.broadcast_done:
+            return
+        self._ops.broadcast_variables(self.model.variables, self.root_rank, prefix="keras.model")
+        optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None and getattr(optimizer, "built", True) and _variables(optimizer):
+            self._ops.broadcast_variables(_variables(optimizer), self.root_rank, prefix="keras.optimizer")
+        else:
+            self._optimizer_pending = optimizer is not None
+        self.broadcast_done = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._optimizer_pending:
+            self._optimizer_pending = False
+            self._ops.broadcast_variables(_variables(self.model.optimizer), self.root_rank, prefix="keras.optimizer")
+
+
+class _MetricAverage:
+    """At the end of every epoch, replace each metric in `logs` by its average over ranks (so the
+    history and later callbacks -- checkpointing, early stopping -- see the same numbers everywhere).
+    Must come before the callbacks that read the metrics."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs or state.size() == 1:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        averaged = rt.allreduce(values, name="keras.metrics." + ".".join(keys))
+        for k, v in zip(keys, averaged.tolist()):
+            logs[k] = v
+
+
+class _LearningRateWarmup:
+    """Horovod's gradual warm-up (Goyal et al.): over the first `warmup_epochs`, the learning rate
+    rises from `initial_lr / size` to `initial_lr`, adjusted every batch as
+    lr = initial_lr / size * (epoch' * (size - 1) / warmup_epochs + 1), epoch' = epoch + (batch + 1) / steps_per_epoch.
+    `steps_per_epoch` defaults to what `fit` reports. After the warm-up the rate is left alone."""
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0):
+        super().__init__()
+        self.initial_lr, self.warmup_epochs, self.steps_per_epoch = float(initial_lr), warmup_epochs, steps_per_epoch
+        self.verbose = verbose
+        self._epoch = 0
+
+    def on_train_begin(self, logs=None):
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps") if self.params else None
+        if not self.steps_per_epoch:
+            raise ValueError("LearningRateWarmupCallback needs steps_per_epoch (fit did not report it)")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def multiplier(self, epoch: float) -> float:
+        n = state.size()
+        return 1.0 / n * (epoch * (n - 1) / self.warmup_epochs + 1)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch >= self.warmup_epochs:
+            return
+        epoch = self._epoch + (batch + 1) / self.steps_per_epoch
+        lr = self.initial_lr * self.multiplier(min(epoch, self.warmup_epochs))
+        optimizer = self.model.optimizer
+        current = optimizer.learning_rate
+        if hasattr(current, "assign"):
+            current.assign(lr)
+        else:  # a plain float (some tf-keras optimizers before their first step)
+            optimizer.learning_rate = lr
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 == self.warmup_epochs and self.verbose and state.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
+
+
+def make(keras, ops) -> SimpleNamespace:
+    """The callback classes for this Keras and backend."""
+    base = keras.callbacks.Callback
+
+    def cls(name, impl, extra=None):
+        return type(name, (impl, base), {"__doc__": impl.__doc__, **(extra or {})})
+    return SimpleNamespace(
+        BroadcastGlobalVariablesCallback=cls("BroadcastGlobalVariablesCallback", _BroadcastGlobalVariables,
+                                             {"_ops": ops}),
+        MetricAverageCallback=cls("MetricAverageCallback", _MetricAverage),
+        LearningRateWarmupCallback=cls("LearningRateWarmupCallback", _LearningRateWarmup))

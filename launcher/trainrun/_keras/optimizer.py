@@ -1,0 +1,158 @@
+"""DistributedOptimizer for Keras (horovod.keras / horovod.tensorflow.keras), on any backend binding.
+
+The wrapped optimizer is a subclass of the original's class made on the fly (as Horovod does), built
+from its config. Keras 3: its `apply(grads, variables)` -- what `fit` and `apply_gradients` call --
+first reduces the gradients over ranks in one grouped allreduce named after the optimizer and the
+variables (so its signature is cached from the second step on). tf-keras (Keras 2): the same in
+`apply_gradients(grads_and_vars)`. With `backward_passes_per_step=k` the gradients of k calls
+accumulate locally and only every k-th call reduces and applies them (averaged over the k passes if
+`average_aggregated_gradients`); the calls in between apply nothing, so `iterations` counts real
+updates. That accumulation is Python-side: on TensorFlow it needs eager steps (`run_eagerly=True`).
+
+`ops` is the backend's module (torch_ops or tf_ops): reduce_gradients, clone, GRAPH_ACCUMULATION.
+"""
+from __future__ import annotations
+
+from trainrun.runtime import state
+from trainrun.runtime.ops import Adasum, Average
+
+
+class _Settings:
+    def __init__(self, ops, compression, passes, average_aggregated, op, predivide, sparse_as_dense, process_set):
+        self.ops, self.compression, self.passes, self.average_aggregated = ops, compression, passes, average_aggregated
+        self.op, self.predivide, self.sparse_as_dense, self.process_set = op, predivide, sparse_as_dense, process_set
+        self.name = None          # the grouped allreduce's name, fixed on the first step
+        self.accumulated = None   # gradients summed over the passes so far
+        self.count = 0
+
+
+def _tf_executing_eagerly() -> bool:
+    import tensorflow as tf
+    return tf.executing_eagerly()
+
+
+class _Distributed:
+    """Mixed in before the user's optimizer class. `_trainrun_defaults` (a class attribute) holds the
+    settings of optimizers built by Keras itself (load_model); DistributedOptimizer sets its own."""
+
+    _trainrun_defaults: tuple = ()
+
+    @property
+    def _trainrun(self) -> _Settings:
+        s = self.__dict__.get("_trainrun_settings")
+        if s is None:
+            s = self.__dict__["_trainrun_settings"] = _Settings(*self._trainrun_defaults)
+        return s
+
+    def _trainrun_accumulate(self, grads):
+        """grads to apply now, or None while passes are still being accumulated."""
+        s = self._trainrun
+        if s.passes == 1:
+            return grads
+        if not s.ops.GRAPH_ACCUMULATION and not _tf_executing_eagerly():
+            raise ValueError("backward_passes_per_step > 1 with Keras on TensorFlow needs eager steps: "
+                             "model.compile(..., run_eagerly=True)")
+        if s.accumulated is None:
+            s.accumulated = [None if g is None else s.ops.clone(g) for g in grads]
+        else:
+            s.accumulated = [a if a is None or g is None else a + g for a, g in zip(s.accumulated, grads)]
+        s.count += 1
+        if s.count < s.passes:
+            return None
+        grads, s.accumulated, s.count = s.accumulated, None, 0
+        if s.average_aggregated:
+            grads = [None if g is None else g / s.passes for g in grads]
+        return grads
+
+    def _trainrun_reduce(self, grads, variables):
+        s = self._trainrun
+        if not any(g is not None for g in grads) or state.engine(s.process_set).size == 1:
+            return grads
+        if s.name is None:
+            paths = list(variables) if variables is not None else [None] * len(grads)
+            s.name = "keras.grads." + self.name + "." + ".".join(
+                str(getattr(paths[i], "path", None) or getattr(paths[i], "name", i))
+                for i, g in enumerate(grads) if g is not None)
+        pre, post = (1.0 / s.predivide, s.predivide) if s.op == Average else (1.0, 1.0)
+        return s.ops.reduce_gradients(grads, variables, name=s.name, op=s.op, pre=pre, post=post,
+                                      compression=s.compression, sparse_as_dense=s.sparse_as_dense,
+                                      process_set=s.process_set)
+
+
+class _Keras3(_Distributed):
+    def apply(self, grads, trainable_variables=None):
+        grads = self._trainrun_accumulate(list(grads))
+        if grads is None:
+            return None
+        return super().apply(self._trainrun_reduce(grads, trainable_variables), trainable_variables)
+
+
+class _Keras2(_Distributed):
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        grads = self._trainrun_accumulate([g for g, _ in pairs])
+        if grads is None:
+            return None
+        variables = [v for _, v in pairs]
+        return super().apply_gradients(list(zip(self._trainrun_reduce(grads, variables), variables)), *args, **kwargs)
+
+
+def is_tf_keras(optimizer_class) -> bool:
+    """Whether the class comes from tf-keras (Keras 2), not Keras 3."""
+    return optimizer_class.__module__.split(".")[0] == "tf_keras"
+
+
+_CLASSES: dict = {}
+
+
+def distributed_class(cls, defaults: tuple):
+    """The distributed subclass of optimizer class `cls` (Keras 3 or tf-keras)."""
+    key = (cls, defaults)
+    if key not in _CLASSES:
+        mixin = _Keras2 if is_tf_keras(cls) else _Keras3
+        _CLASSES[key] = type(cls.__name__, (mixin, cls), {"_trainrun_defaults": defaults})
+    return _CLASSES[key]
+
+
+def settings(ops, compression, backward_passes_per_step, average_aggregated_gradients, op,
+             gradient_predivide_factor, sparse_as_dense, process_set) -> tuple:
+    """Checked DistributedOptimizer arguments, as the tuple _Settings takes."""
+    if op == Adasum:
+        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+    return (ops, compression, backward_passes_per_step, average_aggregated_gradients, op,
+            float(gradient_predivide_factor), sparse_as_dense, process_set)
+
+
+def create_distributed_optimizer(keras, ops, optimizer, name, compression, sparse_as_dense, gradient_predivide_factor,
+                                 op, backward_passes_per_step, average_aggregated_gradients, process_set):
+    """A copy of `optimizer` (a `keras.optimizers.Optimizer` of the given keras module) whose updates
+    use gradients reduced over all ranks."""
+    if not isinstance(optimizer, keras.optimizers.Optimizer) and not _is_legacy(keras, optimizer):
+        raise ValueError(f"DistributedOptimizer needs a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
+    defaults = settings(ops, compression, backward_passes_per_step, average_aggregated_gradients, op,
+                        gradient_predivide_factor, sparse_as_dense, process_set)
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    return distributed_class(optimizer.__class__, defaults).from_config(config)
+
+
+def _is_legacy(keras, optimizer) -> bool:
+    legacy = getattr(getattr(keras, "optimizers", None), "legacy", None)
+    return legacy is not None and isinstance(optimizer, getattr(legacy, "Optimizer", ()))
+
+
+def load_model(keras, ops, filepath, custom_optimizers=None, custom_objects=None, compression=None):
+    """keras.models.load_model with every built-in optimizer class (and `custom_optimizers`) replaced
+    by its distributed subclass, so the restored optimizer -- state included -- is distributed again."""
+    defaults = settings(ops, compression or ops.Compression.none, 1, False, Average, 1.0, False, None)
+    base = keras.optimizers.Optimizer
+    classes = [c for c in vars(keras.optimizers).values()
+               if isinstance(c, type) and issubclass(c, base) and c is not base]
+    objects = {c.__name__: distributed_class(c, defaults) for c in classes + list(custom_optimizers or [])}
+    objects.update(custom_objects or {})
+    return keras.models.load_model(filepath, custom_objects=objects)

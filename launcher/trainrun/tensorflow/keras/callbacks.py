@@ -1,0 +1,14 @@
+"""Horovod's tf.keras callbacks (horovod.tensorflow.keras.callbacks), on tf.keras's own Callback class
+(Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1)."""
+import tensorflow as tf
+
+from trainrun._keras import tf_ops
+from trainrun._keras.callbacks import make
+
+keras = tf.keras
+_classes = make(keras, tf_ops)
+BroadcastGlobalVariablesCallback = _classes.BroadcastGlobalVariablesCallback
+MetricAverageCallback = _classes.MetricAverageCallback
+LearningRateWarmupCallback = _classes.LearningRateWarmupCallback
+
+__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback", "MetricAverageCallback"]

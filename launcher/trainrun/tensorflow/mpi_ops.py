@@ -1,0 +1,354 @@
+"""horovod.tensorflow's collective ops on TensorFlow tensors, over the framework-free runtime.
+
+Eagerly, a CPU tensor reaches the runtime as a NumPy view of its own buffer (`EagerTensor._numpy()`,
+no copy) and the runtime's result array becomes a tensor through DLPack (no copy either). Inside
+`tf.function` or a TF1 graph each op is one `tf.numpy_function` node that runs the same NumPy path
+when the graph executes (stateful, so tf.function keeps the program's order of collectives).
+
+Names: an explicit `name` is used as is. Without one, eager ops take the runtime's per-kind counter
+(ranks calling in the same order agree); graph ops are named after their input tensor at trace time,
+as Horovod does, so a graph op keeps one name across steps (the response cache's fast path).
+
+Gradients (Horovod's): of an allreduce, the same allreduce of the gradient; of an allgather, this
+rank's slice of the summed gradient; of a broadcast, the summed gradient on the root and zeros
+elsewhere; of a reducescatter, the allgathered gradient (over the set size for Average). Eagerly the
+gradient is recorded only while a tape could be watching (tf.custom_gradient costs ~100 us a call).
+"""
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+import trainrun.runtime as rt
+from trainrun.runtime import state
+from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from trainrun.runtime.process_sets import global_process_set
+from trainrun.tensorflow import buffers
+from trainrun.tensorflow.compression import Compression
+
+try:  # TF's own "could a GradientTape record this op?" (public API has none; ~0.2 us)
+    from tensorflow.python.eager.record import could_possibly_record as _could_record
+except ImportError:  # pragma: no cover  (older/newer TF: always record)
+    def _could_record() -> bool:
+        return True
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_./-]")
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return Average
+
+
+def _check_op(op):
+    """`op`, unless trainrun cannot run it."""
+    if op == Adasum:
+        raise NotImplementedError("op=Adasum is not supported by trainrun; use Average or Sum")
+    return op
+
+
+# ---- tensor <-> NumPy ----------------------------------------------------------------------
+def _view(t) -> np.ndarray:
+    """A NumPy view of an eager CPU tensor's buffer (read only by contract: the runtime never writes
+    its inputs)."""
+    numpy = getattr(t, "_numpy", None)
+    return numpy() if numpy is not None else np.asarray(t)
+
+
+_wrap = buffers.to_tensor
+
+
+def _eager() -> bool:
+    return tf.executing_eagerly()
+
+
+def _graph_name(kind: str, name, tensor) -> str:
+    if name is not None:
+        return name
+    return f"{kind}.{_UNSAFE.sub('_', tensor.name)}"
+
+
+def _pyfunc(fn, inputs, tout, op_name):
+    """One stateful numpy_function node. bfloat16 crosses it as float32 (numpy_function hands bfloat16
+    back as zeros in TF 2.21), so such values are reduced in float32 and rounded once."""
+    bf16 = tf.bfloat16
+    inputs = [tf.cast(t, tf.float32) if t.dtype == bf16 else t for t in inputs]
+    many = isinstance(tout, (list, tuple))
+    touts = list(tout) if many else [tout]
+    outs = tf.numpy_function(fn, inputs, [tf.float32 if t == bf16 else t for t in touts], stateful=True,
+                             name=op_name)
+    outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
+    return outs if many else outs[0]
+
+
+def _set_rank(process_set) -> tuple[int, int]:
+    """(this rank's index in the set, the set's size)."""
+    ps = process_set if process_set is not None else global_process_set
+    if ps.process_set_id == 0:
+        return state.rank(), state.size()
+    return ps.rank(), ps.size()
+
+
+def _recorded(forward, backward, *tensors):
+    """forward(*tensors) with `backward(dy...) -> dx...` as its gradient (skipped eagerly when no tape
+    could record it)."""
+    if _eager() and not _could_record():
+        return forward(*tensors)
+
+    @tf.custom_gradient
+    def op(*xs):
+        return forward(*xs), backward
+    return op(*tensors)
+
+
+# ---- raw ops (no gradient) ------------------------------------------------------------------
+def _allreduce(tensor, name, op, pre, post, process_set):
+    kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=process_set)
+    if _eager():
+        a = _view(tensor)
+        out = buffers.empty(a.shape, a.dtype)
+        np.copyto(out, a)  # the one copy an out-of-place op needs; the reduction then runs in place
+        return _wrap(rt.allreduce_(out, name=name, **kw))
+    gname = _graph_name("allreduce", name, tensor)
+    out = _pyfunc(lambda a: rt.allreduce(a, name=gname, **kw), [tensor], tensor.dtype, "TrainrunAllreduce")
+    out.set_shape(tensor.shape)
+    return out
+
+
+def _grouped_allreduce(tensors, name, op, pre, post, process_set) -> list:
+    kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=process_set)
+    if not tensors:
+        return []
+    if _eager():
+        return _grouped_eager([_view(t) for t in tensors], name, kw)
+    gname = _graph_name("grouped_allreduce", name, tensors[0])
+    outs = _pyfunc(lambda *a: rt.grouped_allreduce(list(a), name=gname, **kw), tensors,
+                   [t.dtype for t in tensors], "TrainrunGroupedAllreduce")
+    for o, t in zip(outs, tensors):
+        o.set_shape(t.shape)
+    return list(outs)
+
+
+def _grouped_eager(arrays: list, name, kw) -> list:
+    """Eager grouped allreduce: per dtype, the arrays are packed into one aligned buffer (each at an
+    aligned offset, so every result is a tensor on that buffer without a copy) that is reduced in
+    place as one op; so a group costs one negotiation and one reduction per dtype."""
+    if name is None:
+        name = rq_name("grouped_allreduce", kw["process_set"])
+    by_dtype: dict = {}
+    for i, a in enumerate(arrays):
+        by_dtype.setdefault(a.dtype, []).append(i)
+    outs = [None] * len(arrays)
+    for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].str)):
+        step = buffers.ALIGN // dtype.itemsize
+        offsets, total = [], 0
+        for i in idx:
+            offsets.append(total)
+            total += -(-arrays[i].size // step) * step
+        flat = buffers.empty((total,), dtype)
+        for i, off in zip(idx, offsets):
+            a = arrays[i]
+            np.copyto(flat[off:off + a.size].reshape(a.shape), a)
+        rt.allreduce_(flat, name=name if len(by_dtype) == 1 else f"{name}.{k}", **kw)
+        for i, off in zip(idx, offsets):
+            outs[i] = _wrap(flat[off:off + arrays[i].size].reshape(arrays[i].shape))
+    return outs
+
+
+def rq_name(kind: str, process_set) -> str:
+    """The next automatic name of `kind` on the set (ranks calling in the same order agree)."""
+    ps = process_set if process_set is not None else global_process_set
+    counter = _COUNTERS.setdefault((ps.process_set_id, kind), [0])
+    counter[0] += 1
+    return f"{kind}.tf.{counter[0]}"
+
+
+_COUNTERS: dict = {}
+
+
+def _allgather(tensor, name, process_set):
+    if _eager():
+        return _wrap(rt.allgather(_view(tensor), name=name, process_set=process_set))
+    gname = _graph_name("allgather", name, tensor)
+    out = _pyfunc(lambda a: rt.allgather(a, name=gname, process_set=process_set), [tensor], tensor.dtype,
+                  "TrainrunAllgather")
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
+    return out
+
+
+def _broadcast(tensor, root_rank, name, process_set):
+    if _eager():
+        return _wrap(rt.broadcast(_view(tensor), root_rank, name=name, process_set=process_set))
+    gname = _graph_name("broadcast", name, tensor)
+    out = _pyfunc(lambda a: rt.broadcast(a, root_rank, name=gname, process_set=process_set), [tensor],
+                  tensor.dtype, "TrainrunBroadcast")
+    out.set_shape(tensor.shape)
+    return out
+
+
+def _reducescatter(tensor, name, op, pre, post, process_set):
+    kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=process_set)
+    if _eager():
+        return _wrap(rt.reducescatter(_view(tensor), name=name, **kw))
+    gname = _graph_name("reducescatter", name, tensor)
+    out = _pyfunc(lambda a: rt.reducescatter(a, name=gname, **kw), [tensor], tensor.dtype, "TrainrunReducescatter")
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
+    return out
+
+
+# ---- public ops ---------------------------------------------------------------------------
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """`tensor` reduced over the ranks of `process_set` (default Average), as a new tensor.
+
+    A `tf.IndexedSlices` is gathered, not reduced (as Horovod): values and indices are allgathered
+    and the values divided by the set size for Average. Differentiable."""
+    op = _check_op(handle_average_backwards_compatibility(op, average))
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Average, Sum):
+            raise NotImplementedError("allreduce of tf.IndexedSlices supports op=Average or Sum only")
+        values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
+        indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
+                            process_set=process_set)
+        if op == Average:
+            values = values / tf.cast(_set_rank(process_set)[1], values.dtype)
+        return tf.IndexedSlices(values * prescale_factor * postscale_factor if (prescale_factor, postscale_factor)
+                                != (1.0, 1.0) else values, indices, dense_shape=tensor.dense_shape)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    reduced = _recorded(lambda x: _allreduce(x, name, op, pre, post, process_set),
+                        lambda dy: _allreduce(dy, None, op, pre, post, process_set), compressed)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
+                      process_set=global_process_set) -> list:
+    """allreduce of a list in one negotiation and (per dtype) one fused reduction. Differentiable."""
+    op = _check_op(handle_average_backwards_compatibility(op, average))
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    pairs = [compression.compress(t) for t in tensors]
+    pre, post = float(prescale_factor), float(postscale_factor)
+
+    def forward(*xs):
+        return _grouped_allreduce(list(xs), name, op, pre, post, process_set)
+
+    def backward(*dys):
+        return _grouped_allreduce([tf.convert_to_tensor(d) for d in dys], None, op, pre, post, process_set)
+    reduced = _recorded(forward, backward, *[t for t, _ in pairs]) if pairs else []
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Every rank's tensor concatenated along dim 0 (which may differ per rank). Differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+
+    def backward(dy):
+        dy = _allreduce(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0, process_set)
+        dims = _allgather(tf.reshape(tf.shape(tensor, out_type=tf.int64)[0], [1]), None, process_set)
+        me = _set_rank(process_set)[0]
+        offset = tf.reduce_sum(dims[:me])
+        return dy[offset:offset + tf.shape(tensor, out_type=tf.int64)[0]]
+    return _recorded(lambda x: _allgather(x, name, process_set), backward, tensor)
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """root_rank's tensor (root_rank: a global rank) on every rank of the set. Differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+
+    def backward(dy):
+        dy = _allreduce(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0, process_set)
+        # the same ops on every rank (graph ops are named after tensors: rank-dependent graph
+        # structure would give later ops different names on different ranks)
+        return dy * tf.cast(state.rank() == root_rank, dy.dtype)
+    return _recorded(lambda x: _broadcast(x, root_rank, name, process_set), backward, tensor)
+
+
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Reduce over ranks, keep this rank's slice of dim 0 (the first dim0 % size ranks get a row more).
+    Differentiable."""
+    op = _check_op(op)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    pre, post = float(prescale_factor), float(postscale_factor)
+
+    def backward(dy):
+        grad = _allgather(tf.convert_to_tensor(dy), None, process_set)
+        return grad / tf.cast(_set_rank(process_set)[1], grad.dtype) if op == Average else grad
+    out = _recorded(lambda x: _reducescatter(x, name, op, pre, post, process_set), backward, compressed)
+    return compression.decompress(out, ctx)
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Rows splits[r] of dim 0 go to rank r (equal parts when None). Returns (output, received_splits),
+    as horovod.tensorflow does. Not differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+    n = _set_rank(process_set)[1]
+
+    def run(a, s, op_name):
+        if s is None:
+            if a.ndim == 0 or a.shape[0] % n:  # the runtime's own error message
+                return rt.alltoall(a, None, name=op_name, process_set=process_set), None
+            s = [a.shape[0] // n] * n  # explicit, so that the received splits come back
+        out, received = rt.alltoall(a, s, name=op_name, process_set=process_set)
+        return out, np.asarray(received, dtype=np.int64)
+
+    if _eager():
+        out, received = run(_view(tensor), None if splits is None else np.asarray(splits), name)
+        return _wrap(out), tf.convert_to_tensor(received)
+    gname = _graph_name("alltoall", name, tensor)
+    inputs = [tensor] + ([tf.cast(splits, tf.int64)] if splits is not None else [])
+    out, received = _pyfunc(lambda a, *s: run(a, s[0] if s else None, gname), inputs, [tensor.dtype, tf.int64],
+                            "TrainrunAlltoall")
+    out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
+    received.set_shape([n])
+    return out, received
+
+
+def join() -> int:
+    """Stop contributing: until every rank has joined, this rank adds zeros to the others' allreduces.
+    Returns the rank that joined last."""
+    return rt.join()
+
+
+def barrier(process_set=global_process_set) -> None:
+    rt.barrier(process_set=process_set)
+
+
+def size_op(process_set_id: int = 0, name=None):
+    """The set's size as an int32 tensor (Horovod's size_op; evaluated now, a constant in graphs)."""
+    return tf.constant(_set_size_by_id(process_set_id), dtype=tf.int32, name=name)
+
+
+def rank_op(name=None):
+    return tf.constant(state.rank(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    return tf.constant(state.local_rank(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    return tf.constant(state.local_size(), dtype=tf.int32, name=name)
+
+
+def _set_size_by_id(process_set_id: int) -> int:
+    for ps in state.process_sets():
+        if ps.process_set_id == process_set_id:
+            return state.size() if process_set_id == 0 else ps.size()
+    raise ValueError(f"no process set with id {process_set_id}")

@@ -1,0 +1,134 @@
+"""TensorFlow allreduce benchmark: trainrun.tensorflow vs trainrun's NumPy path vs raw mpi4py, 2 ranks.
+
+    trainrun -np 2 python scripts/bench_tensorflow.py [--out docs/benchmarks/tensorflow.md] [--quick]
+
+Measures medians (rank 0) of one float32 allreduce, op Sum, 4 KiB .. 64 MiB, side by side: every
+iteration runs each contender once, right after a barrier, so load bursts on a shared machine hit
+them alike. Contenders: hvd.allreduce of an eager CPU tensor (out of place, as TF ops are: one
+copy into an aligned result buffer the tensor then adopts), the same inside a tf.function
+(numpy_function; TF copies the result), the runtime's NumPy allreduce_ (in place) and allreduce (out
+of place), and raw mpi4py Allreduce(IN_PLACE). Writes a markdown report (date, machine, load, the
+table, the issue's targets met or not) to stdout and --out.
+Not measured here (left for when the launcher sets TF_CONFIG): Keras fit under
+MultiWorkerMirroredStrategy vs trainrun.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+from mpi4py import MPI
+
+import trainrun.runtime as rt
+import trainrun.tensorflow as hvd
+
+COMM = MPI.COMM_WORLD
+TARGETS = []
+
+
+def medians_us(fns, iters, warmup=3):
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, ts in zip(fns, times):
+            COMM.Barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) * 1e6 for ts in times]
+
+
+def iters_for(nbytes, quick):
+    n = max(15, min(300, (1 << 30) // max(nbytes, 1) // 8))
+    return max(5, n // 5) if quick else n
+
+
+def fmt_us(us):
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def fmt_size(n):
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def rows_for(quick):
+    rows = []
+    for nbytes in [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]:
+        x = np.ones(nbytes // 4, np.float32)
+        raw_buf, np_buf, raw_out = x.copy(), x.copy(), np.empty_like(x)
+        t = tf.constant(x)
+        graph = tf.function(lambda v: hvd.allreduce(v, op=hvd.Sum, name="bench.graph"))
+        graph(t)  # trace outside the timing
+        it = iters_for(nbytes, quick)
+        tf_eager, tf_graph, np_in, np_out, raw, raw_oop = medians_us([
+            lambda: hvd.allreduce(t, op=hvd.Sum, name="bench.tf"),
+            lambda: graph(t),
+            lambda: rt.allreduce_(np_buf, name="bench.np_", op=rt.Sum),
+            lambda: rt.allreduce(x, name="bench.np", op=rt.Sum),
+            lambda: COMM.Allreduce(MPI.IN_PLACE, raw_buf),
+            lambda: COMM.Allreduce(x, raw_out)], it)
+        if nbytes == 4 << 10:
+            TARGETS.append(("4 KiB: TF eager allreduce <= 3x raw mpi4py", f"{tf_eager / raw:.1f}x", tf_eager <= 3 * raw))
+        if nbytes >= 1 << 20:
+            TARGETS.append((f"{fmt_size(nbytes)}: TF eager allreduce >= 0.9x raw mpi4py bandwidth",
+                            f"{raw / tf_eager:.2f}x", raw / tf_eager >= 0.9))
+        times = (tf_eager, tf_graph, np_in, np_out, raw, raw_oop)
+        rows.append((fmt_size(nbytes), *map(fmt_us, times), f"{tf_eager / raw:.2f}x", f"{tf_eager / raw_oop:.2f}x",
+                     f"{tf_graph / raw:.2f}x", f"{np_in / raw:.2f}x", str(it)))
+    return rows
+
+
+def report(rows, quick, load_start) -> str:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_common  # scripts/: the machine lines shared by the benchmarks
+
+    launcher = "trainrun" if "TRAINRUN_RANK" in os.environ else "mpiexec"
+    mpi = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    lines = ["# TensorFlow allreduce: trainrun.tensorflow vs NumPy path vs raw mpi4py", ""] + bench_common.machine_lines()
+    lines += [f"- TensorFlow {tf.__version__} (CPU); MPI library: {mpi}",
+              f"- load average (1 min) at start / end: {load_start:.1f} / {os.getloadavg()[0]:.1f} "
+              "(a shared 2-vCPU box inflates every row)",
+              f"- method: {COMM.size} ranks started by {launcher}, float32, op Sum, medians on rank 0; every iteration "
+              "runs each contender once, right after a barrier (`scripts/bench_tensorflow.py"
+              + (" --quick" if quick else "") + "`)",
+              "- TF eager: `hvd.allreduce(tensor)` on an eager CPU tensor (out of place: one copy into an aligned "
+              "buffer, reduced in place, adopted by the result tensor through DLPack); TF tf.function: the same op "
+              "inside `tf.function` (a numpy_function node; TF copies its result); NumPy `allreduce_`: in place; "
+              "NumPy `allreduce`: out of place; raw: `COMM.Allreduce(MPI.IN_PLACE, buf)` (the targets' reference); "
+              "raw out of place: `COMM.Allreduce(x, out)` into a preallocated `out`", ""]
+    head = ("| size | TF eager | TF tf.function | NumPy allreduce_ | NumPy allreduce | raw mpi4py | raw out of place | "
+            "TF eager / raw | TF eager / raw out of place | tf.function / raw | NumPy_ / raw | iterations |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+    table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    targets = ("\n## Targets (issue 12)\n\n| target | measured | met |\n|---|---:|---|\n"
+               + "".join(f"| {t} | {m} | {'yes' if ok else 'no'} |\n" for t, m, ok in TARGETS))
+    return "\n".join(lines) + "\n" + table + targets
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="docs/benchmarks/tensorflow.md", help="markdown file to write (rank 0)")
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    args = parser.parse_args()
+    load_start = os.getloadavg()[0]
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    rows = rows_for(args.quick)
+    if COMM.rank == 0:
+        text = report(rows, args.quick, load_start)
+        print(text)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"written to {args.out}", file=sys.stderr)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
