@@ -14,9 +14,8 @@ import numpy as np
 
 from trainrun.runtime import requests as rq
 from trainrun.runtime import state
-from trainrun.runtime.collectives import split_rows
 from trainrun.runtime.fusion import OutputPool, dtype_name
-from trainrun.runtime.ops import Average
+from trainrun.runtime.ops import Average, split_rows
 
 
 _outputs = OutputPool()

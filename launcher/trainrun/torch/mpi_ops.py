@@ -19,9 +19,8 @@ import torch
 
 from trainrun.runtime import api, requests as rq, state
 from trainrun.runtime.backends import nccl
-from trainrun.runtime.collectives import split_rows
 from trainrun.runtime.fusion import dtype_name
-from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
+from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum, split_rows  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch.compression import Compression
 

@@ -38,10 +38,9 @@ class MPIBackend:
     def close(self) -> None:
         self.comm.Free()
 
-    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int, wait=None) -> None:
-        """recv = op over ranks of send (in place on recv when send is None); `wait` overrides how
-        the request is completed."""
-        (wait or self._wait)(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int) -> None:
+        """recv = op over ranks of send (in place on recv when send is None)."""
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Byte arrays: rank r's `send` (counts[r] bytes) lands at offset sum(counts[:r]) of `recv`."""
