@@ -18,7 +18,7 @@ import sys
 
 from trainrun.runtime import process_sets as _sets
 from trainrun.runtime.context import RUNTIME, Session, Settings
-from trainrun.runtime.process_sets import global_process_set
+from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401 (ProcessSet: as before)
 from trainrun.runtime.topology import Topology
 
 
