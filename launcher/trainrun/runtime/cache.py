@@ -22,7 +22,10 @@ class ResponseCache:
         self.capacity = capacity
         self.ids: dict[Meta, int] = {}    # meta -> id (engine hot paths read it directly)
         self.metas: list[Meta] = []       # id -> meta
-        self._fusion: list[tuple[FusionKey | None, int]] = []  # id -> fusion.fusion_of(its meta)
+        # id -> (id, fusion key's number or None for a group, bytes): fusion.fusion_of(its meta), with
+        # each FusionKey replaced by a small int (hashing those is what planning a step costs)
+        self._fusion: list[tuple[int, int | None, int]] = []
+        self._keys: dict[FusionKey, int] = {}
         self._solo: dict[int, bytes] = {}
         self._plans: dict[tuple, list] = {}  # (agreed mask, threshold) -> batches (a training step agrees
         self.words = rounds.words(0)         # the same set of ops every time); a round's size in words
@@ -35,7 +38,9 @@ class ResponseCache:
                 if m not in self.ids:
                     self.ids[m] = len(self.metas)
                     self.metas.append(m)
-                    self._fusion.append(fusion_of(m))
+                    key, nbytes = fusion_of(m)
+                    key_id = None if key is None else self._keys.setdefault(key, len(self._keys))
+                    self._fusion.append((self.ids[m], key_id, nbytes))
         self.words = rounds.words(len(self.metas))
 
     def solo(self, cid: int) -> bytes:
@@ -58,10 +63,7 @@ class ResponseCache:
     def batches(self, cids: list[int], threshold: int) -> list[list[int]]:
         """The reductions that run `cids` (ascending), in order (fusion.Fuser)."""
         fuser = Fuser(threshold)
-        out = []
-        for c in cids:
-            closed = fuser.add(c, *self._fusion[c])
-            if closed is not None:
-                out.append(closed.items)
+        fusion = self._fusion
+        out = [batch.items for batch in fuser.add_all([fusion[c] for c in cids])]
         out.extend(batch.items for batch in fuser.rest())
         return out

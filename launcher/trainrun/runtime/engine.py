@@ -56,6 +56,7 @@ from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.completion import Completion
 from trainrun.runtime.driver import Driver
 from trainrun.runtime.exceptions import HorovodInternalError
+from trainrun.runtime.fusion import WIDENED
 from trainrun.runtime.lone import LoneOp
 from trainrun.runtime.messages import Meta
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
@@ -90,7 +91,7 @@ class Engine(LoneOp, Driver, Completion):
         self.rank, self.size = rank, size
         self.set_id, self.ranks = set_id, list(range(size)) if ranks is None else ranks
         self._ctrl = comm.Dup()
-        self._backend = MPIBackend(comm, wait=self._complete)
+        self._backend = MPIBackend(comm)
         self._timeline_path = timeline_path
         self._timeline = tl.Timeline(rank, self._ctrl.bcast(time.time(), root=0)) if timeline_path else None
         self._coll = Collectives(self._backend, rank, size, self._timeline)
@@ -130,7 +131,6 @@ class Engine(LoneOp, Driver, Completion):
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
         self._thread.start()
-        self._background = self._thread.ident
 
     # ---- called by user threads -------------------------------------------------------------
     def submit(self, reqs: list[Request], *, caller_waits: bool = False) -> None:
@@ -184,6 +184,8 @@ class Engine(LoneOp, Driver, Completion):
         start on a cold cache). For a CPU array whose storage is its wire dtype, without prescale.
         Returns False, having done nothing, where the path does not apply (the caller takes the
         general one); raises like run()."""
+        if dtype in WIDENED:
+            return False
         # Meta(...) via tuple's constructor, as Request.meta does
         meta = _new_tuple(Meta, (name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
         return self._lone(meta, None, send, recv)
@@ -319,9 +321,12 @@ class Engine(LoneOp, Driver, Completion):
                     return
             if not self._drive.acquire(blocking=False):
                 continue
+            backend = self._backend
+            caller_wait, backend.wait = backend.wait, self._yielding_wait  # (see _yielding_wait)
             try:
                 progressed = self._progress(idle_round)
             finally:
+                backend.wait = caller_wait
                 self._drive.release()
             if progressed:
                 backoff.reset()
@@ -335,16 +340,16 @@ class Engine(LoneOp, Driver, Completion):
             else:
                 os.sched_yield()
 
-    def _complete(self, request) -> None:
-        """Wait for an MPI request of a running collective. A caller's thread (it drives because it
-        waits) spins in MPI_Wait; the background thread, overlapping the training loop, yields the
-        CPU between polls while nobody waits, so a late peer does not cost this rank's compute a core."""
-        if threading.get_ident() == self._background:
-            while not self._drivers:
-                if request.Test():
-                    return
-                os.sched_yield()
-        request.Wait()
+    def _yielding_wait(self, request) -> None:
+        """How the background thread, while it drives, waits for an MPI request of a running
+        collective: overlapping the training loop, it yields the CPU between polls while nobody
+        waits on the engine, so a late peer does not cost this rank's compute a core. A caller's
+        thread drives because it waits, and spins in MPI_Wait (the backend's default)."""
+        while not self._drivers:
+            if request.Test():
+                return
+            os.sched_yield()
+        request.Wait()  # someone is blocked on the engine: nothing else to run here
 
 
 def _refuse(names) -> None:

@@ -68,7 +68,7 @@ class Batch(NamedTuple):
 class Fuser:
     """The fusion rule: allreduces with one FusionKey, taken in the order given, run as one reduction
     while the fused buffer stays within `threshold` bytes; a group runs alone. Batches come out as
-    they close (`add` returns the one an op closed, if any) and then, from `rest`, the ones still
+    they close (`add`/`add_all` return the ones an op closed) and then, from `rest`, the ones still
     open, in the order their keys first opened -- so callers can interleave other work in order."""
 
     def __init__(self, threshold: int):
@@ -76,17 +76,28 @@ class Fuser:
         self._open: dict[FusionKey, list] = {}  # key -> [items, bytes]
 
     def add(self, item, key: FusionKey | None, nbytes: int) -> Batch | None:
-        if key is None:
-            return Batch(None, [item])
-        closed = None
-        batch = self._open.get(key)
-        if batch is not None and batch[1] + nbytes > self._threshold:
-            closed = Batch(key, batch[0])
-            batch = None
-        if batch is None:
-            batch = self._open[key] = [[], 0]  # (a key reopened keeps its first place in `rest`)
-        batch[0].append(item)
-        batch[1] += nbytes
+        """Take one op (key and bytes: `fusion_of`; any hashable stands for a FusionKey as long as
+        equal keys get equal stand-ins); the batch it closed, if any."""
+        closed = self.add_all(((item, key, nbytes),))
+        return closed[0] if closed else None
+
+    def add_all(self, entries) -> list[Batch]:
+        """add() of each (item, key, nbytes) in turn, in one loop (the response cache plans a
+        training step's hundreds of ops with it); the batches they closed, in order."""
+        open_, threshold, closed = self._open, self._threshold, []
+        for item, key, nbytes in entries:
+            if key is None:
+                closed.append(Batch(None, [item]))
+                continue
+            batch = open_.get(key)
+            if batch is not None and batch[1] + nbytes > threshold:
+                closed.append(Batch(key, batch[0]))
+                batch = None
+            if batch is None:
+                open_[key] = [[item], nbytes]  # (a key reopened keeps its first place in `rest`)
+            else:
+                batch[0].append(item)
+                batch[1] += nbytes
         return closed
 
     def rest(self) -> list[Batch]:

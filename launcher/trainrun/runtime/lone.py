@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 
 from trainrun.runtime.exceptions import HorovodInternalError
-from trainrun.runtime.fusion import WIDENED
 from trainrun.runtime.messages import Meta
 from trainrun.runtime.ops import Request
 from trainrun.runtime.timing import WAITER_SPIN_S
@@ -25,12 +24,12 @@ from trainrun.runtime.timing import WAITER_SPIN_S
 class LoneOp:
     def _lone(self, meta: Meta, req: Request | None, send=None, recv=None) -> bool:
         """Run the allreduce `meta` describes by the lone-op path: `req`, or (req None) `recv` = op over
-        ranks of `send` (None: in place), a CPU array of a wire dtype without prescale. Returns False,
+        ranks of `send` (None: in place), a CPU array of a wire dtype without prescale (the caller
+        checks: Engine.allreduce_now). Returns False,
         having done nothing, where the path does not apply; True once the op is done (a Request's
         result in its handle). Raises like Engine.run."""
         cid = self._cache.ids.get(meta)
         if cid is None or self._names or self._queue or self._timeline is not None \
-                or (req is None and (meta.dtype in WIDENED or meta.prescale != 1.0)) \
                 or not self._drive.acquire(blocking=False):
             return False
         adopted = False

@@ -97,19 +97,10 @@ def add_handle(op_handles: list, finalize, eng=None) -> int:
     return RUNTIME.handles.add(op_handles, finalize, eng or engine())
 
 
-def poll(handle: int) -> bool:
-    """True when the op behind `handle` has completed (synchronize will not block)."""
-    return RUNTIME.handles.poll(handle)
-
-
-def synchronize(handle: int):
-    """Wait for `handle`, forget it, and return its output; raises HorovodInternalError on failure."""
-    return RUNTIME.handles.synchronize(handle)
-
-
-def synchronize_all(handles: list[int]) -> list:
-    """synchronize() of several handles with one wait (cheaper than one call each); forgets them all."""
-    return RUNTIME.handles.synchronize_all(handles)
+# (the table's own methods, not wrappers: one call less per async op)
+poll = RUNTIME.handles.poll                        # poll(handle) -> bool: completed?
+synchronize = RUNTIME.handles.synchronize          # synchronize(handle): wait, forget, return its output
+synchronize_all = RUNTIME.handles.synchronize_all  # synchronize_all(handles): the same, one wait per engine
 
 
 # ---- where this rank is, and what is built in ----
