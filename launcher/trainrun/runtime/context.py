@@ -74,7 +74,7 @@ class Runtime:
     def __init__(self):
         self.lock = threading.Lock()
         self.session: Session | None = None
-        self.handles = Handles()
+        self.handles = Handles(lambda: self.current().engines[0])
         self.outputs = OutputPool()   # grouped outputs' buffers (api.py)
         self.exit_hooked = False      # state.py's atexit/excepthook are installed
         self.crashed = False          # the interpreter is exiting after an unhandled exception

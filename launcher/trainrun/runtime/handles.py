@@ -8,16 +8,19 @@ import itertools
 
 
 class Handles:
-    def __init__(self):
+    def __init__(self, default_engine):
+        """`default_engine()`: the engine of an op added without one (the global set's)."""
         # handle -> (engine handles, finalize, engine): a plain tuple, unpacked where read (one is
         # made per async op, and a NamedTuple costs several times more to make)
         self._ops: dict[int, tuple] = {}
         self._ids = itertools.count(1)
+        self._default_engine = default_engine
 
-    def add(self, op_handles: list, finalize, engine) -> int:
-        """Register the engine handles of one user-level op started on `engine`."""
+    def add(self, op_handles: list, finalize, eng=None) -> int:
+        """Register the engine handles of one user-level op, started on engine `eng` (default: the
+        global set's); `finalize(results)` builds what synchronize returns."""
         h = next(self._ids)
-        self._ops[h] = (op_handles, finalize, engine)
+        self._ops[h] = (op_handles, finalize, eng or self._default_engine())
         return h
 
     def poll(self, handle: int) -> bool:

@@ -89,15 +89,8 @@ process_sets = _sets.registered
 engine = _sets.engine_of  # the engine that runs ops on a process set (default: the global one) here
 
 # ---- handles: ints, as in Horovod; shared by the NumPy and framework layers (handles.py) ----
-
-
-def add_handle(op_handles: list, finalize, eng=None) -> int:
-    """Register the engine handles of one user-level op, started on `eng` (default: the global
-    set's); `finalize(results)` builds what synchronize returns."""
-    return RUNTIME.handles.add(op_handles, finalize, eng or engine())
-
-
 # (the table's own methods, not wrappers: one call less per async op)
+add_handle = RUNTIME.handles.add                   # add_handle(op_handles, finalize, eng=None) -> int
 poll = RUNTIME.handles.poll                        # poll(handle) -> bool: completed?
 synchronize = RUNTIME.handles.synchronize          # synchronize(handle): wait, forget, return its output
 synchronize_all = RUNTIME.handles.synchronize_all  # synchronize_all(handles): the same, one wait per engine
