@@ -1,11 +1,12 @@
 """The coordinator alone (no MPI): readiness, fusion, mismatch messages, stalls, join."""
+from trainrun.runtime.messages import Meta
 from trainrun.runtime.negotiation import Coordinator
 from trainrun.runtime.ops import Average, Sum
 
 
 def meta(name, kind="allreduce", dtype="float32", shape=(4,), op=Sum, pre=1.0, post=1.0, root=-1, splits=None,
          device="cpu"):
-    return (name, kind, dtype, shape, op, pre, post, root, splits, device)
+    return Meta(name, kind, dtype, shape, op, pre, post, root, splits, device)
 
 
 class Clock:

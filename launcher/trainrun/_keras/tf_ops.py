@@ -8,7 +8,7 @@ from trainrun.runtime.process_sets import global_process_set
 from trainrun.tensorflow import mpi_ops
 from trainrun.tensorflow.compression import Compression
 from trainrun.tensorflow.functions import broadcast_variables as _broadcast_variables
-from trainrun.tensorflow.optimizer import reduce_gradients as _reduce
+from trainrun.tensorflow.reduce import reduce_gradients as _reduce
 
 __all__ = ["Compression", "allgather", "allreduce", "broadcast", "broadcast_variables", "clone", "reducescatter",
            "reduce_gradients"]

@@ -14,12 +14,10 @@ import numpy as np
 
 from trainrun.runtime import requests as rq
 from trainrun.runtime import state
-from trainrun.runtime.collectives import split_rows
-from trainrun.runtime.fusion import OutputPool, dtype_name
-from trainrun.runtime.ops import Average
+from trainrun.runtime.context import RUNTIME
+from trainrun.runtime.fusion import dtype_name
+from trainrun.runtime.ops import Average, split_rows
 
-
-_outputs = OutputPool()
 _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
 
@@ -128,11 +126,11 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
         return reqs, (lambda _: outs)
     shapes = tuple(map(_SHAPE, arrays))
     if shapes.count(shapes[0]) == len(shapes):  # all alike: the views come from one reshape, in C
-        fused = _outputs.get(arrays[0].dtype, len(arrays) * arrays[0].size)
+        fused = RUNTIME.outputs.get(arrays[0].dtype, len(arrays) * arrays[0].size)
         outs = list(fused.reshape((len(arrays),) + shapes[0]))
     else:
         sizes = list(map(_SIZE, arrays))
-        fused = _outputs.get(arrays[0].dtype, sum(sizes))
+        fused = RUNTIME.outputs.get(arrays[0].dtype, sum(sizes))
         outs, off = [], 0
         for shape, n in zip(shapes, sizes):
             outs.append(fused[off:off + n].reshape(shape))

@@ -13,20 +13,19 @@ from itertools import accumulate
 
 import numpy as np
 
-from trainrun.runtime.fusion import _WIRE, FusionBuffer, pack, storage_dtype, unpack, wire_dtype
-from trainrun.runtime.ops import Average, Sum, Request
+from trainrun.runtime.fusion import WIDENED, FusionBuffer, pack, storage_dtype, unpack, wire_dtype
+from trainrun.runtime.messages import JoinedInfo
+from trainrun.runtime.ops import Request, split_rows, sum_then_scale
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-def split_rows(dim0: int, size: int) -> list[int]:
-    """Rows of a reducescatter output per rank: the first dim0 % size ranks get one extra (Horovod)."""
-    return [dim0 // size + (1 if r < dim0 % size else 0) for r in range(size)]
-
-
 class Collectives:
+    """This rank's NumPy work for every response, on `backend` (backends.mpi); CUDA responses go to a
+    backends.nccl.NcclCollectives made on the first one."""
+
     def __init__(self, backend, rank: int, size: int, timeline=None):
         self.backend, self.rank, self.size, self.timeline = backend, rank, size, timeline
         self._fusion = FusionBuffer()
@@ -51,7 +50,7 @@ class Collectives:
 
     def execute(self, kind: str, names: list[str], reqs: list[Request | None], info) -> list:
         some = next((r for r in reqs if r is not None), None)
-        device = some.device if some is not None else (info[4] if kind == "allreduce" and info else "cpu")
+        device = some.device if some is not None else (info.device if kind == "allreduce" and info else "cpu")
         if device != "cpu":
             if self._gpu is None:
                 from trainrun.runtime.backends.nccl import NcclCollectives
@@ -82,37 +81,33 @@ class Collectives:
         self._span(names, kind.upper(), t0)
         return [result]
 
-    def _scales(self, op: int, post: float) -> tuple[int, float]:
-        return (Sum, post / self.size) if op == Average else (op, post)
-
     def allreduce_one(self, req: Request):
         """allreduce() of one CPU request with no join in effect: the common case, kept short."""
-        if req.dtype in _WIRE or req.prescale != 1.0:
+        if req.dtype in WIDENED or req.prescale != 1.0:
             return self.allreduce([req.name], [req], None)[0]
         out = req.out
         self.allreduce_arrays(None if out is req.inp else req.inp, out, req.op, req.postscale)
         return out
 
-    def allreduce_arrays(self, send: np.ndarray | None, recv: np.ndarray, op: int, post: float, wait=None) -> None:
-        """recv = op over ranks of send (None: in place) times `post`, for arrays of a wire dtype
-        (`wait`: how to complete the MPI request, default the backend's)."""
-        if op == Average:
-            op, post = Sum, post / self.size
-        self.backend.allreduce(send, recv, op, wait)
+    def allreduce_arrays(self, send: np.ndarray | None, recv: np.ndarray, op: int, post: float) -> None:
+        """recv = op over ranks of send (None: in place) times `post`, for arrays of a wire dtype."""
+        op, post = sum_then_scale(op, post, self.size)
+        self.backend.allreduce(send, recv, op)
         self.reductions += 1
         if post != 1.0:
             np.multiply(recv, post, out=recv, casting="unsafe")
 
-    def allreduce_group(self, req: Request | None, names, joined_info):
+    def allreduce_group(self, req: Request | None, names, joined_info: JoinedInfo | None):
         """One reduction of a group (ops.Request: inputs of any shape and layout, contiguous outputs);
         None for a rank that joined (it adds zeros).
         Packed with one concatenate; reduced in place in the group's own fused output when it has
         one (nothing to unpack), else in the fusion buffer and copied out."""
         if req is None:
-            dtype, op, pre, post, _, shapes = joined_info
+            j = joined_info
+            dtype, op, pre, post, shapes = j.dtype, j.op, j.prescale, j.postscale, j.shapes
         else:
             dtype, op, pre, post, shapes = req.dtype, req.op, req.prescale, req.postscale, req.shape
-        red_op, post = self._scales(op, post)
+        red_op, post = sum_then_scale(op, post, self.size)
         wire = wire_dtype(dtype)
         plain = wire == storage_dtype(dtype)
         t0 = self._clock()
@@ -157,16 +152,17 @@ class Collectives:
         self._span(names, "UNPACK", t0)
         return req.out
 
-    def allreduce(self, names, reqs, joined_info) -> list:
+    def allreduce(self, names, reqs, joined_info: JoinedInfo | None) -> list:
         """One (possibly fused) reduction; zero-copy when it is a single tensor of a wire dtype."""
         some = next((r for r in reqs if r is not None), None)
         if some is not None:
             dtype, op, pre, post = some.dtype, some.op, some.prescale, some.postscale
             counts = [r.inp.size for r in reqs]
         else:
-            dtype, op, pre, post, _, shapes = joined_info
-            counts = [math.prod(s) for s in shapes]
-        red_op, post = self._scales(op, post)
+            j = joined_info
+            dtype, op, pre, post = j.dtype, j.op, j.prescale, j.postscale
+            counts = [math.prod(s) for s in j.shapes]
+        red_op, post = sum_then_scale(op, post, self.size)
         wire = wire_dtype(dtype)
         t0 = self._clock()
         if len(reqs) == 1 and some is not None and wire == storage_dtype(dtype):
@@ -232,7 +228,7 @@ class Collectives:
     def reducescatter(self, req: Request) -> np.ndarray:
         row = math.prod(req.shape[1:])
         counts = [n * row for n in split_rows(req.shape[0] if req.shape else 0, self.size)]
-        red_op, post = self._scales(req.op, req.postscale)
+        red_op, post = sum_then_scale(req.op, req.postscale, self.size)
         wire = wire_dtype(req.dtype)
         if wire == storage_dtype(req.dtype) and req.prescale == 1.0:
             send = req.inp

@@ -1,5 +1,9 @@
 """The engine: matches named operations across ranks, runs them in one agreed order, completes handles.
 
+One engine per process set on each member rank. This module holds its face to user threads (submit,
+run, wait, shutdown, abort) and its background thread; the work is split by concern:
+driver.py (the agreement loop), lone.py (the lone-op path), completion.py (finishing handles).
+
 Threads and ownership:
 - Any thread may `submit` Requests (gradient hooks do, in any order). Submission only queues.
 - Progress happens in whichever thread holds `_drive`: the background thread, or a caller blocked
@@ -24,11 +28,10 @@ checked in full, so mismatches and stalls are reported as on first use.
   IDLE_S, its background thread still takes part in one, so that phases (stall errors, abort)
   reach every rank and rank 0 can say which rank did not submit what. Ops ready on some ranks
   only for longer than a tick are pulled into a phase, where the coordinator's stall clock runs.
-- Shortcuts for the latency of a lone blocking op (nothing else outstanding on this rank, cached
-  signature): `run` -> `_alone` does the general steps inline; `allreduce_now` (in-place or
-  out-of-place CPU allreduce) skips even the Request. Both fall back to the general loop when the
-  round shows the others have more to agree on, or a peer is late.
-- Idle policy: a caller blocked in wait() keeps the driver lock and polls without yielding while it
+- A lone blocking op (nothing else outstanding on this rank, cached signature) takes the lone-op
+  path (lone.py): one round and its reduction inline, without the queue; `run` of one request and
+  `allreduce_now` (a CPU allreduce given as arrays: not even a Request) both enter it.
+- Idle policy (timing.py): a caller blocked in wait() keeps the driver lock and polls without yielding while it
   makes progress or for WAITER_SPIN_S after the last progress, then sleeps with growing delays up to
   MAX_SLEEP_S, letting other threads drive in between; the background thread yields the CPU after
   BACKGROUND_SPIN_S.
@@ -46,23 +49,22 @@ import sys
 import threading
 import time
 
-from mpi4py import MPI
-
-from trainrun.runtime import rounds
 from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend
 from trainrun.runtime.cache import ResponseCache
 from trainrun.runtime.collectives import Collectives
-from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
-from trainrun.runtime.fusion import _WIRE
+from trainrun.runtime.completion import Completion
+from trainrun.runtime.driver import Driver
+from trainrun.runtime.exceptions import HorovodInternalError
+from trainrun.runtime.fusion import WIDENED
+from trainrun.runtime.lone import LoneOp
+from trainrun.runtime.messages import Meta
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
-from trainrun.runtime.ops import GROUP, Handle, Request
+from trainrun.runtime.ops import Handle, Request
+from trainrun.runtime.timing import BACKGROUND_SPIN_S, IDLE_S, MAX_SLEEP_S, WAITER_SPIN_S
 
-# A caller blocked in wait() has nothing better to do than poll; the background thread shares the
-# core with the training loop (gradient hooks fire during backward), so it yields the CPU sooner.
-WAITER_SPIN_S, BACKGROUND_SPIN_S, MAX_SLEEP_S = 0.002, 0.0001, 0.0002
-IDLE_S = 0.005          # an idle rank takes part in a round at least this often (see above)
-_ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError}
+_SHUT_DOWN = "trainrun has been shut down; call init() again to use collectives"
+_new_tuple = tuple.__new__
 
 
 class _Backoff:
@@ -81,7 +83,7 @@ class _Backoff:
         return 0.0 if idle < self._spin else min(MAX_SLEEP_S, idle / 16)
 
 
-class Engine:
+class Engine(LoneOp, Driver, Completion):
     def __init__(self, comm, rank: int, size: int, *, fusion_threshold: int, stall_timeout: float,
                  timeline_path: str | None = None, set_id: int = 0, ranks: list[int] | None = None):
         """Collective over `comm` (duplicates it twice). Starts the background thread. `set_id` and
@@ -89,7 +91,7 @@ class Engine:
         self.rank, self.size = rank, size
         self.set_id, self.ranks = set_id, list(range(size)) if ranks is None else ranks
         self._ctrl = comm.Dup()
-        self._backend = MPIBackend(comm, wait=self._complete)
+        self._backend = MPIBackend(comm)
         self._timeline_path = timeline_path
         self._timeline = tl.Timeline(rank, self._ctrl.bcast(time.time(), root=0)) if timeline_path else None
         self._coll = Collectives(self._backend, rank, size, self._timeline)
@@ -98,27 +100,30 @@ class Engine:
         self._coord = Coordinator(size, self._threshold, stall_timeout) if rank == 0 else None
         self._tick = min(1.0, stall_timeout / 4)
 
-        self._lock = threading.RLock()          # _cv's lock, taken directly on hot paths (C-level enter/exit)
+        # shared with user threads (under _cv; its lock _lock is taken directly on hot paths)
+        self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
-        self._queue: list[Request] = []      # submitted, not yet seen by the driver   (under _cv)
-        self._names: set[str] = set()        # names outstanding on this rank            (under _cv)
-        self._drivers = 0                    # callers in (or promised to enter) wait()  (under _cv)
-        self._promised = 0                   # submit(caller_waits=True) not yet waiting (under _cv)
-        self._closed = False                 # no more submits; driver stops             (under _cv)
-        self._idle = False                   # the background thread waits on _cv        (under _cv)
-        self._abort_reason: str | None = None  # set by abort()                          (under _cv)
+        self._queue: list[Request] = []      # submitted, not yet seen by the driver
+        self._names: set[str] = set()        # names outstanding on this rank
+        self._drivers = 0                    # callers in (or promised to enter) wait()
+        self._promised = 0                   # submit(caller_waits=True) not yet waiting
+        self._closed = False                 # no more submits; driver stops
+        self._idle = False                   # the background thread waits on _cv
+        self._abort_reason: str | None = None  # set by abort()
 
-        self._drive = threading.Lock()
+        self._drive = threading.Lock()           # held by whichever thread drives progress
         self._done_cv = threading.Condition()    # waiters that sleep between polls; notified on completion
         self._sleepers = 0                       # (under _done_cv)
-        # driver-only state: requests by stage, the round in flight, the response cache
+        # driver-only state (whoever holds _drive): requests by stage, the round in flight, the cache
         self._fresh: list[Request] = []          # not announced, signature not cached
         self._bycid: dict[int, Request] = {}     # not announced, cached: in every round's mask
         self._mask = 0                           # bits of _bycid's ids
         self._announced: dict[str, Request] = {}  # sent to the coordinator, waiting for a response
         self._joining = False                    # this rank's join() is outstanding
         self._abort_sent = False
-        self._inflight = None                    # (MPI request, send bytes, recv buffer, words) of the round
+        self._inflight = None                    # the MPI request of the round in flight, if any;
+        self._round_send = self._round_recv = None  # that round's buffers (the last round's, after it)
+        self._round_words = 0
         self._rounds = 0                         # rounds completed (the background thread's sign of activity)
         self._cache = ResponseCache()
         self._partial_since: float | None = None  # rank 0: since when some cached op is ready on some ranks only
@@ -129,33 +134,31 @@ class Engine:
 
     # ---- called by user threads -------------------------------------------------------------
     def submit(self, reqs: list[Request], *, caller_waits: bool = False) -> None:
-        """Queue requests (announced together). Raises ValueError for a name already in flight here.
+        """Queue requests (announced together). Raises ValueError for a name already in flight here,
+        HorovodInternalError once the engine is closed.
 
         `caller_waits=True` promises an immediate `wait`/`wait_all` on them: the background thread is
         not woken, so the caller's own wait drives them without a thread hand-off.
         """
         with self._lock:
             if self._closed:
-                raise HorovodInternalError("trainrun has been shut down; call init() again to use collectives")
-            if len(reqs) == 1 and not caller_waits and self._timeline is None:  # the async op's path
+                raise HorovodInternalError(_SHUT_DOWN)
+            names = self._names
+            if len(reqs) == 1:  # an async op (a gradient hook's): in as few steps as possible
                 name = reqs[0].name
-                if name not in self._names:
-                    self._names.add(name)
-                    self._queue.append(reqs[0])
-                    if self._idle:
-                        self._idle = False  # one wake-up per burst of submits: the thread takes the whole queue
-                        self._cv.notify_all()
-                    return
-            names = [r.name for r in reqs]
-            dup = self._names.intersection(names) or (len(set(names)) < len(names) and names)
-            if dup:
-                raise ValueError(f"Requested a collective on tensor name(s) {sorted(set(dup))} while an "
-                                 "operation with the same name is still in flight on this rank; names must be unique")
+                if name in names:
+                    _refuse([name])
+                names.add(name)
+            else:
+                new = [r.name for r in reqs]
+                dup = names.intersection(new) or (len(set(new)) < len(new) and new)
+                if dup:
+                    _refuse(dup)
+                names.update(new)
             if self._timeline is not None:
                 now = self._timeline.now()
                 for r in reqs:
                     r.submitted = now
-            self._names.update(names)
             self._queue.extend(reqs)
             if caller_waits:
                 self._drivers += 1
@@ -165,145 +168,27 @@ class Engine:
                 self._cv.notify_all()
 
     def run(self, reqs: list[Request]) -> list:
-        """`submit(reqs, caller_waits=True)` then `wait_all` of their handles, in fewer steps for one
-        request: the path of every blocking call (api.run). Returns the results or raises the first error."""
-        if len(reqs) != 1:
-            self.submit(reqs, caller_waits=True)
-            return self.wait_all([r.handle for r in reqs])
-        req = reqs[0]
-        with self._lock:
-            if self._closed:
-                raise HorovodInternalError("trainrun has been shut down; call init() again to use collectives")
-            if req.name in self._names:
-                raise ValueError(f"Requested a collective on tensor name(s) {[req.name]} while an operation "
-                                 "with the same name is still in flight on this rank; names must be unique")
-            if self._timeline is not None:
-                req.submitted = self._timeline.now()
-            self._names.add(req.name)
-            self._drivers += 1
-            alone = len(self._names) == 1 and not self._queue and self._timeline is None
-            if not alone:
-                self._queue.append(req)
-        if alone and not self._alone(req):
-            with self._lock:
-                self._queue.append(req)
-        self._wait_run(req)
-        return [req.handle.result]
+        """`submit(reqs, caller_waits=True)` then `wait_all` of their handles -- the path of every
+        blocking call (api.run) -- or, for one request, the lone-op path where it applies. Returns the
+        results or raises the first error."""
+        if len(reqs) == 1:
+            req = reqs[0]
+            if self._lone(req.meta(), req):
+                return [req.handle.result]
+        self.submit(reqs, caller_waits=True)
+        return self.wait_all([r.handle for r in reqs])
 
     def allreduce_now(self, send, recv, shape: tuple, dtype: str, name: str, op: int, postscale: float) -> bool:
-        """`recv` = op over ranks of `send` (None: in place), blocking: the lone allreduce's shortcut.
-
-        Applies to a CPU array whose storage is its wire dtype (not float16/bfloat16), without
-        prescale, whose signature is cached, while nothing else is outstanding on this rank: then it
-        costs one round and one MPI call, and no Request (this is the latency of a lone small
-        allreduce, and of a large one's start on a cold cache). Returns False, having done nothing,
-        where it does not apply (the caller takes the general path); raises like run()."""
-        cid = self._cache.ids.get((name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
-        if cid is None or dtype in _WIRE or self._names or self._queue or self._timeline is not None \
-                or not self._drive.acquire(blocking=False):
+        """`recv` = op over ranks of `send` (None: in place) times `postscale`, blocking, through the
+        lone-op path without a Request (the latency of a lone small allreduce, and of a large one's
+        start on a cold cache). For a CPU array whose storage is its wire dtype, without prescale.
+        Returns False, having done nothing, where the path does not apply (the caller takes the
+        general one); raises like run()."""
+        if dtype in WIDENED:
             return False
-        req = None
-        try:
-            if not self._quiet():
-                return False
-            inflight = self._solo_round(cid)
-            if inflight is None:  # every rank has this op and nothing else: run it
-                self._coll.allreduce_arrays(send, recv, op, postscale, MPI.Request.Wait)
-                return True
-            # the others had more to agree on: from here on an ordinary request
-            req = Request("allreduce", name, recv if send is None else send, recv, shape, dtype, op, 1.0, postscale)
-            req.cid = cid
-            with self._lock:
-                self._names.add(name)
-                self._drivers += 1
-            self._bycid[cid] = req
-            self._mask |= 1 << cid
-            if self._inflight is None:
-                self._agreed(inflight)
-        except Exception as e:  # as in _progress
-            self._broken(e)
-            if req is None:
-                raise HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}") from e
-        finally:
-            self._drive.release()
-        self._wait_run(req)
-        return True
-
-    def _alone(self, req: Request) -> bool:
-        """run() of one request with nothing else outstanding on this rank, cached signature: the
-        general steps (intake, post, test, agree, reduce, finish) inline. Returns False, having done
-        nothing, when it does not apply; True once `req` is the driver's (done, or left in its round
-        for the general loop)."""
-        if not self._drive.acquire(blocking=False):
-            return False
-        try:
-            cid = self._cache.ids.get(req.meta())
-            if cid is None or not self._quiet():
-                return False
-            req.cid = cid
-            self._bycid[cid], self._mask = req, 1 << cid
-            inflight = self._solo_round(cid)
-            if inflight is None:  # every rank has this op and nothing else: run it
-                del self._bycid[cid]
-                self._mask = 0
-                handle = req.handle  # finished here; run() removes its name from _names
-                handle.result = self._coll.allreduce_one(req) if req.device == "cpu" and req.splits is None \
-                    else self._reduce([req.name], [req])[0]
-                handle.done = True
-            elif self._inflight is None:
-                self._agreed(inflight)
-            return True
-        except Exception as e:  # as in _progress
-            self._broken(e)
-            return True
-        finally:
-            self._drive.release()
-
-    def _quiet(self) -> bool:
-        """Nothing in the driver's hands (caller holds _drive): a lone op may take a shortcut."""
-        return self._inflight is None and not (self._closed or self._fresh or self._bycid or self._announced) \
-            and self._abort_reason is None and (self._coord is None or not self._wants_phase())
-
-    def _solo_round(self, cid: int):
-        """Post a round with op `cid` alone and no flags, and spin for it as a blocking MPI call would,
-        up to WAITER_SPIN_S (the general loop backs off after that). Caller holds _drive, _quiet().
-        Returns None when every rank sent the same (the op runs now), else the round: completed
-        (the caller runs `_agreed` on it) or still in flight (left as self._inflight)."""
-        n = self._cache.words
-        send = self._cache.solo(cid)
-        recv = bytearray(16 * n)
-        request = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
-        inflight = self._inflight = (request, send, recv, n)
-        polls, deadline = 0, None
-        while not request.Test():
-            polls += 1
-            if not polls & 63:
-                now = time.monotonic()
-                deadline = deadline or now + WAITER_SPIN_S
-                if now > deadline:
-                    return inflight
-        self._inflight = None
-        self._rounds += 1
-        if recv == send:  # AND == OR == this op alone reduces to what every rank sent
-            self._partial_since = None
-            return None
-        return inflight
-
-    def _wait_run(self, req: Request) -> None:
-        """The rest of run() for `req`, already counted in _names and _drivers: drive until done."""
-        handle = req.handle
-        try:
-            if not handle.done:
-                self._drive_until(handle)
-        finally:
-            with self._lock:  # _cv's lock: notify_all below is allowed
-                if handle.done:  # (a failure discarded it already)
-                    self._names.discard(req.name)
-                self._drivers -= 1
-                if not self._drivers and (self._queue or self._names):
-                    self._cv.notify_all()
-        if handle.error is not None:
-            raise handle.error
+        # Meta(...) via tuple's constructor, as Request.meta does
+        meta = _new_tuple(Meta, (name, "allreduce", dtype, shape, op, 1.0, postscale, -1, None, "cpu"))
+        return self._lone(meta, None, send, recv)
 
     def wait(self, handle: Handle):
         """Block until `handle` completes, driving progress meanwhile; return its result or raise its error."""
@@ -322,16 +207,12 @@ class Engine:
         finally:
             with self._cv:
                 self._drivers -= 1
-                self._hand_back()
+                if not self._drivers and (self._queue or self._names):
+                    self._cv.notify_all()  # the last driver left work behind: the background thread takes it
         for handle in handles:
             if handle.error is not None:
                 raise handle.error
         return [h.result for h in handles]
-
-    def _hand_back(self) -> None:
-        """Wake the background thread if the last driver left work behind. Caller holds _cv."""
-        if not self._drivers and (self._queue or self._names):
-            self._cv.notify_all()
 
     def _drive_until(self, handle: Handle) -> None:
         """Drive progress until `handle` is done. The driver lock is held across polls while they make
@@ -414,7 +295,7 @@ class Engine:
         """How many allreduce calls reached the backend so far (fusion makes this < tensors reduced)."""
         return self._coll.reductions
 
-    # ---- the driver -------------------------------------------------------------------------
+    # ---- the background thread ----------------------------------------------------------------
     def _has_work(self) -> bool:
         """Something outstanding on this rank (caller holds _cv)."""
         return bool(self._queue or self._names or self._inflight is not None) or self._abort_reason is not None
@@ -440,9 +321,12 @@ class Engine:
                     return
             if not self._drive.acquire(blocking=False):
                 continue
+            backend = self._backend
+            caller_wait, backend.wait = backend.wait, self._yielding_wait  # (see _yielding_wait)
             try:
                 progressed = self._progress(idle_round)
             finally:
+                backend.wait = caller_wait
                 self._drive.release()
             if progressed:
                 backoff.reset()
@@ -456,237 +340,18 @@ class Engine:
             else:
                 os.sched_yield()
 
-    def _complete(self, request) -> None:
-        """Wait for an MPI request of a running collective: spinning while a caller waits on the
-        engine, else (the background thread, overlapping the training loop) yielding the CPU between
-        polls, so a late peer does not cost this rank's compute a core."""
+    def _yielding_wait(self, request) -> None:
+        """How the background thread, while it drives, waits for an MPI request of a running
+        collective: overlapping the training loop, it yields the CPU between polls while nobody
+        waits on the engine, so a late peer does not cost this rank's compute a core. A caller's
+        thread drives because it waits, and spins in MPI_Wait (the backend's default)."""
         while not self._drivers:
             if request.Test():
                 return
             os.sched_yield()
         request.Wait()  # someone is blocked on the engine: nothing else to run here
 
-    def _progress(self, idle: bool = False) -> bool:
-        """One step: take in new requests, post or test the round, run what it agreed. Caller holds _drive."""
-        try:
-            return self._step(idle)
-        except Exception as e:
-            self._broken(e)
-            return True
 
-    def _broken(self, e: Exception) -> None:
-        """An MPI or internal failure while driving: nothing can be trusted to complete any more."""
-        with self._cv:
-            self._closed = True
-        self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
-
-    def _step(self, idle: bool) -> bool:
-        """The hot path of every operation: kept free of allocations and lock round-trips when there
-        is nothing to do. Returns whether anything moved (a round that agreed nothing does not count)."""
-        if self._closed:
-            return False
-        progressed = False
-        if self._queue:
-            self._intake()
-            progressed = True
-        inflight = self._inflight
-        if inflight is None:
-            if not (self._bycid or self._fresh or self._announced or idle) and self._abort_reason is None:
-                return progressed
-            inflight = self._post()
-        if not inflight[0].Test():
-            return progressed
-        self._inflight = None
-        self._rounds += 1
-        return self._agreed(inflight) or progressed
-
-    def _intake(self) -> None:
-        with self._lock:
-            new, self._queue = self._queue, []
-        ids, bycid, mask = self._cache.ids, self._bycid, self._mask
-        for r in new:
-            cid = r.cid = ids.get(r.meta())
-            if cid is None:
-                self._fresh.append(r)
-                if r.kind == "join":
-                    self._joining = True
-            else:
-                bycid[cid] = r
-                mask |= 1 << cid
-        self._mask = mask
-
-    def _post(self):
-        """Start this rank's next round (rounds.py) with what it has ready and needs."""
-        flags = 0
-        if self._fresh:
-            flags |= rounds.NEW
-        if self._joining:
-            flags |= rounds.JOINED
-        if self._abort_reason is not None and not self._abort_sent:
-            flags |= rounds.ABORT
-        if self._coord is not None and self._wants_phase():
-            flags |= rounds.PHASE
-        n = self._cache.words
-        send = rounds.encode(flags, self._mask, n)
-        recv = bytearray(16 * n)
-        req = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
-        self._inflight = inflight = (req, send, recv, n)
-        return inflight
-
-    def _wants_phase(self) -> bool:
-        """Rank 0: a phase is due to match cached ops the coordinator holds elsewhere, to pull ops
-        that are ready on some ranks only for a tick (their stall clock starts there), or to check stalls."""
-        coord = self._coord
-        since = self._partial_since
-        if since is not None and (coord.pending() or time.monotonic() - since >= self._tick):
-            return True
-        return coord.stall_check_due()
-
-    def _agreed(self, inflight) -> bool:
-        """Run what a completed round agreed: the cached ops every rank has (in id order), then, if
-        any rank asked for one, a negotiation phase."""
-        and_v, or_v = rounds.decode(inflight[2], inflight[3])
-        ready = and_v >> rounds.FLAG_BITS
-        if self._coord is not None:
-            partial = (or_v >> rounds.FLAG_BITS) & ~ready
-            if not partial:
-                self._partial_since = None
-            elif self._partial_since is None:
-                self._partial_since = time.monotonic()
-        if ready:
-            self._run_cached(ready)
-        if or_v & rounds.FLAG_MASK:
-            self._phase()
-            return True
-        return bool(ready)
-
-    def _run_cached(self, ready: int) -> None:
-        """Run the cached ops of `ready` (every rank has them): in id order, small ones fused by
-        dtype/op/scales/device up to the fusion threshold -- decided from their metas alone, so the
-        same on every rank."""
-        self._mask &= ~ready
-        bycid = self._bycid
-        if not ready & (ready - 1):  # one op
-            req = bycid.pop(ready.bit_length() - 1)
-            self._negotiated([req])
-            self._finish_reduced([req], self._reduce([req.name], [req]))
-            return
-        for batch in self._cache.plan(ready, self._threshold):
-            reqs = [bycid.pop(c) for c in batch]
-            self._negotiated(reqs)
-            self._finish_reduced(reqs, self._reduce([r.name for r in reqs], reqs))
-
-    def _reduce(self, names: list[str], reqs: list[Request]) -> list:
-        """One allreduce of `reqs` (every rank has them, no join in effect): results, one per request."""
-        req = reqs[0]
-        if req.splits == GROUP:
-            return [self._coll.allreduce_group(req, names, None)]
-        if req.device == "cpu":
-            if len(reqs) == 1 and self._timeline is None:
-                return [self._coll.allreduce_one(req)]
-            return self._coll.allreduce(names, reqs, None)
-        return self._coll.execute("allreduce", names, reqs, None)
-
-    def _negotiated(self, reqs: list[Request]) -> None:
-        if self._timeline is not None:
-            now = self._timeline.now()
-            for r in reqs:
-                if r is not None:
-                    self._timeline.span([r.name], "NEGOTIATE", r.submitted, now)
-
-    def _phase(self) -> None:
-        """Every rank announces all it has not announced yet (cached ops as their ids); rank 0's
-        coordinator answers; every rank runs the answer. Two blocking collectives: every rank is here."""
-        items = [r.meta() for r in self._fresh]
-        items += self._bycid
-        announced = self._announced
-        for r in self._fresh:
-            announced[r.name] = r
-        for r in self._bycid.values():
-            announced[r.name] = r
-        self._fresh, self._bycid, self._mask = [], {}, 0
-        if self._abort_reason is not None and not self._abort_sent:
-            items.append(Request("abort", self._abort_reason).meta())
-            self._abort_sent = True
-        gathered = self._ctrl.gather(items, root=0)
-        responses = None
-        if self._coord is not None:
-            by_id = self._cache.metas
-            for src, metas in enumerate(gathered):
-                if metas:
-                    self._coord.submit(src, [by_id[m] if m.__class__ is int else m for m in metas])
-            responses = self._coord.responses()
-        responses = self._ctrl.bcast(responses, root=0)
-        if responses:
-            self._execute(responses)
-
-    def _execute(self, responses: list[tuple]) -> None:
-        """Run a phase's responses (negotiation.py), in order."""
-        announced = self._announced
-        for kind, names, info, error in responses:
-            if kind == "abort":
-                with self._cv:
-                    self._closed = True
-                self._fail_all(HorovodInternalError(
-                    f"trainrun: {error[1]}; collectives cannot complete (trainrun is shut down on this rank)"))
-                return
-            if error is not None:
-                failed = [announced.pop(n) for n, ranks in zip(names, info) if self.rank in ranks]
-                self._finish(failed, [None] * len(failed), _ERRORS[error[0]](error[1]))
-                continue
-            reqs = [announced.pop(n, None) for n in names]
-            self._negotiated(reqs)
-            if kind == "allreduce":
-                req = reqs[0]
-                if info is None:  # no join in effect: every rank has every request
-                    self._cache.add(reqs)
-                    self._finish_reduced(reqs, self._reduce(names, reqs))
-                    continue
-                if (req is not None and req.splits == GROUP) or len(info[5]) != len(names):
-                    # a group: one fused reduction (zeros for all its tensors on a rank that has joined)
-                    results = [self._coll.allreduce_group(req, names, info)]
-                else:
-                    results = self._coll.execute(kind, names, reqs, info)
-            else:
-                results = self._coll.execute(kind, names, reqs, info)
-                if kind == "join":
-                    self._joining = False
-                elif kind == "shutdown":
-                    self._shutdown_ok = True
-                    with self._cv:
-                        self._closed = True
-            done = [(r, res) for r, res in zip(reqs, results) if r is not None]
-            self._finish([r for r, _ in done], [res for _, res in done], None)
-
-    def _finish_reduced(self, reqs: list[Request], results: list) -> None:
-        if len(reqs) == 1:  # the common case, in as few steps as possible
-            req = reqs[0]
-            handle = req.handle
-            handle.result = results[0]
-            handle.done = True
-            with self._lock:
-                self._names.discard(req.name)
-            if self._sleepers:
-                with self._done_cv:
-                    self._done_cv.notify_all()
-            return
-        self._finish(reqs, results, None)
-
-    def _finish(self, reqs: list[Request], results: list, error: BaseException | None) -> None:
-        for r, res in zip(reqs, results):
-            h = r.handle
-            h.result, h.error = res, error
-            h.done = True
-        with self._lock:
-            self._names.difference_update(r.name for r in reqs)
-        if self._sleepers:
-            with self._done_cv:
-                self._done_cv.notify_all()
-
-    def _fail_all(self, error: BaseException) -> None:
-        with self._cv:
-            left, self._queue = self._queue, []
-        left += self._fresh + list(self._bycid.values()) + list(self._announced.values())
-        self._fresh, self._bycid, self._mask = [], {}, 0
-        self._announced.clear()
-        self._finish(left, [None] * len(left), error)
+def _refuse(names) -> None:
+    raise ValueError(f"Requested a collective on tensor name(s) {sorted(set(names))} while an operation "
+                     "with the same name is still in flight on this rank; names must be unique")

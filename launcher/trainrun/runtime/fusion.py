@@ -1,22 +1,32 @@
-"""Dtypes on the wire and the fusion buffer: pack many tensors into one reduction buffer and back.
+"""Dtypes on the wire, the fusion rule, and the fusion buffer: pack many tensors into one reduction
+buffer and back.
 
 Tensors arrive as flat, contiguous NumPy arrays in their *storage* dtype plus a *logical* dtype name;
 they differ only for bfloat16 (NumPy has none: its storage is uint16 holding the bit pattern).
 Reductions of 16-bit floats run in float32 (MPI has no half types; it is also more accurate than summing
 in 16 bits); every other reducible dtype is reduced as itself. Pre/postscaling happen during the
 copies in and out, so they cost no extra pass.
+
+The fusion rule (`Fuser`, `fusion_of`) lives here once: the coordinator fuses negotiated ops with it,
+every rank fuses cached ops with it (cache.py), so both agree by construction.
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
+from typing import NamedTuple
 
 import numpy as np
+
+from trainrun.runtime.messages import FusionKey, Meta
+from trainrun.runtime.ops import GROUP
 
 REDUCIBLE = ("float16", "bfloat16", "float32", "float64",
              "int8", "uint8", "int16", "int32", "int64")
 _STORAGE = {"bfloat16": np.dtype(np.uint16)}
 _WIRE = {"float16": np.dtype(np.float32), "bfloat16": np.dtype(np.float32)}
+WIDENED = frozenset(_WIRE)  # logical dtypes reduced in another (wider) dtype: they need a pack/unpack pass
 _NAMES: dict[np.dtype, str] = {}
 
 
@@ -39,6 +49,61 @@ def storage_dtype(dtype: str) -> np.dtype:
 def wire_dtype(dtype: str) -> np.dtype:
     """The dtype a reduction of `dtype` runs in."""
     return _WIRE.get(dtype) or storage_dtype(dtype)
+
+
+def fusion_of(meta: Meta) -> tuple[FusionKey | None, int]:
+    """An allreduce's fusion key (None for a group: it always runs alone) and its bytes on the wire."""
+    if meta.splits == GROUP:
+        return None, 0
+    return (FusionKey(meta.dtype, meta.op, meta.prescale, meta.postscale, meta.device),
+            math.prod(meta.shape) * wire_dtype(meta.dtype).itemsize)
+
+
+class Batch(NamedTuple):
+    """Ops that run as one reduction: `key` None for a group (then `items` is that one op)."""
+    key: FusionKey | None
+    items: list
+
+
+class Fuser:
+    """The fusion rule: allreduces with one FusionKey, taken in the order given, run as one reduction
+    while the fused buffer stays within `threshold` bytes; a group runs alone. Batches come out as
+    they close (`add`/`add_all` return the ones an op closed) and then, from `rest`, the ones still
+    open, in the order their keys first opened -- so callers can interleave other work in order."""
+
+    def __init__(self, threshold: int):
+        self._threshold = threshold
+        self._open: dict[FusionKey, list] = {}  # key -> [items, bytes]
+
+    def add(self, item, key: FusionKey | None, nbytes: int) -> Batch | None:
+        """Take one op (key and bytes: `fusion_of`; any hashable stands for a FusionKey as long as
+        equal keys get equal stand-ins); the batch it closed, if any."""
+        closed = self.add_all(((item, key, nbytes),))
+        return closed[0] if closed else None
+
+    def add_all(self, entries) -> list[Batch]:
+        """add() of each (item, key, nbytes) in turn, in one loop (the response cache plans a
+        training step's hundreds of ops with it); the batches they closed, in order."""
+        open_, threshold, closed = self._open, self._threshold, []
+        for item, key, nbytes in entries:
+            if key is None:
+                closed.append(Batch(None, [item]))
+                continue
+            batch = open_.get(key)
+            if batch is not None and batch[1] + nbytes > threshold:
+                closed.append(Batch(key, batch[0]))
+                batch = None
+            if batch is None:
+                open_[key] = [[item], nbytes]  # (a key reopened keeps its first place in `rest`)
+            else:
+                batch[0].append(item)
+                batch[1] += nbytes
+        return closed
+
+    def rest(self) -> list[Batch]:
+        out = [Batch(key, items) for key, (items, _) in self._open.items()]
+        self._open.clear()
+        return out
 
 
 def pack(src: np.ndarray, dtype: str, dst: np.ndarray, scale: float) -> None:

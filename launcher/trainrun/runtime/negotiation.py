@@ -1,21 +1,21 @@
 """The coordinator (rank 0's engine): which named operations are ready on every rank, in one order.
 
-Pure bookkeeping, no MPI: ranks `submit` the metas of their new requests (Request.meta tuples); the
+Pure bookkeeping, no MPI: ranks `submit` the metas of their new requests (messages.Meta); the
 engine asks `responses()` for the work every rank must now run, in the same order everywhere. A
-response is a tuple `(kind, names, info, error)`:
+response is a messages.Response `(kind, names, info, error)`:
 
-    ("allreduce", [names...], joined_info, None)   one fused reduction (same dtype/op/scales/device);
-                                                   while some rank has joined, joined_info = (dtype, op,
-                                                   prescale, postscale, device, [shapes]) so it can add
-                                                   zeros; else None. A group (ops.GROUP) is one name,
-                                                   never fused with others; its shapes are the members'.
+    ("allreduce", [names...], joined_info, None)   one fused reduction (fusion.Fuser's rule); while
+                                                   some rank has joined, joined_info is a JoinedInfo
+                                                   (key and shapes) so it can add zeros; else None.
+                                                   A group (ops.GROUP) is one name, never fused with
+                                                   others; its shapes are the members'.
     ("allgather", [name], first_dims_per_rank, None)
     ("alltoall",  [name], splits_per_rank, None)
     ("broadcast"|"reducescatter"|"barrier"|"shutdown", [name], None, None)
     ("join", ["__join__"], last_rank_to_join, None)
-    ("abort", [], None, ("abort", message))        a rank stopped for good (see Engine.abort): every
+    ("abort", [], None, Failure("abort", message)) a rank stopped for good (see Engine.abort): every
                                                    rank fails all it has outstanding and closes
-    ("error", [names...], submitters, ("mismatch"|"stall", message))
+    ("error", [names...], submitters, Failure("mismatch"|"stall", message))
                                                    submitters[i]: the ranks that had submitted names[i];
                                                    only their requests fail (a later submission of the
                                                    same name by another rank is a new operation)
@@ -25,13 +25,12 @@ Names that some but not all ranks submitted for longer than `stall_timeout` seco
 """
 from __future__ import annotations
 
-import math
 import time
 
-from trainrun.runtime.fusion import wire_dtype
-from trainrun.runtime.ops import GROUP, OP_NAMES
+from trainrun.runtime.fusion import Batch, Fuser, fusion_of
+from trainrun.runtime.messages import Failure, JoinedInfo, Meta, Response
+from trainrun.runtime.ops import OP_NAMES
 
-NAME, KIND, DTYPE, SHAPE, OP, PRE, POST, ROOT, SPLITS, DEVICE = range(10)
 JOIN_NAME, SHUTDOWN_NAME = "__join__", "__shutdown__"
 
 
@@ -50,23 +49,23 @@ def _differs(name: str, entry: dict, label: str, value) -> str | None:
     return f"Mismatched {label} for tensor '{name}': {parts}"
 
 
-def check(name: str, entry: dict) -> str | None:
+def check(name: str, entry: dict[int, Meta]) -> str | None:
     """The first disagreement between the ranks' metas for `name`, as a message, or None."""
     metas = iter(entry.values())
     first = next(metas)
     if all(m == first for m in metas):
         return None
-    checks = [("operation", lambda m: m[KIND]), ("dtype", lambda m: m[DTYPE]), ("device", lambda m: m[DEVICE])]
-    kind = first[KIND]
+    checks = [("operation", lambda m: m.kind), ("dtype", lambda m: m.dtype), ("device", lambda m: m.device)]
+    kind = first.kind
     if kind in ("allreduce", "reducescatter"):
-        checks += [("reduce op", lambda m: OP_NAMES.get(m[OP], m[OP])),
-                   ("prescale_factor", lambda m: m[PRE]), ("postscale_factor", lambda m: m[POST])]
+        checks += [("reduce op", lambda m: OP_NAMES.get(m.op, m.op)),
+                   ("prescale_factor", lambda m: m.prescale), ("postscale_factor", lambda m: m.postscale)]
     if kind in ("allreduce", "broadcast", "reducescatter"):
-        checks.append(("shape", lambda m: tuple(m[SHAPE])))
+        checks.append(("shape", lambda m: tuple(m.shape)))
     if kind in ("allgather", "alltoall"):
-        checks.append(("shape beyond the first dimension", lambda m: tuple(m[SHAPE][1:])))
+        checks.append(("shape beyond the first dimension", lambda m: tuple(m.shape[1:])))
     if kind == "broadcast":
-        checks.append(("root_rank", lambda m: m[ROOT]))
+        checks.append(("root_rank", lambda m: m.root))
     for label, value in checks:
         msg = _differs(name, entry, label, value)
         if msg:
@@ -79,7 +78,7 @@ class Coordinator:
 
     def __init__(self, size: int, fusion_threshold: int, stall_timeout: float, clock=time.monotonic):
         self.size, self.fusion_threshold, self.stall_timeout, self._clock = size, fusion_threshold, stall_timeout, clock
-        self._table: dict[str, dict[int, tuple]] = {}
+        self._table: dict[str, dict[int, Meta]] = {}  # name -> its metas by the ranks that submitted it
         self._first: dict[str, float] = {}
         self._ready: list[str] = []
         self._joined: list[int] = []
@@ -96,98 +95,90 @@ class Coordinator:
     def submit(self, rank: int, metas) -> None:
         now = None
         for m in metas:
-            if m[KIND] == "abort":  # the name carries the reason
-                self._aborted = f"rank {rank} stopped: {m[NAME]}"
+            if m.kind == "abort":  # the name carries the reason
+                self._aborted = f"rank {rank} stopped: {m.name}"
                 continue
-            if m[KIND] == "join":
+            if m.kind == "join":
                 self._joined.append(rank)
                 self._ready.extend(n for n, e in self._table.items() if n not in self._ready and self._complete(e))
                 continue
-            entry = self._table.get(m[NAME])
+            entry = self._table.get(m.name)
             if entry is None:
-                entry = self._table[m[NAME]] = {}
-                self._first[m[NAME]] = now = now or self._clock()
+                entry = self._table[m.name] = {}
+                self._first[m.name] = now = now or self._clock()
             entry[rank] = m
             if (len(entry) >= self.size) if not self._joined else self._complete(entry):
-                self._ready.append(m[NAME])
+                self._ready.append(m.name)
 
     def _complete(self, entry: dict) -> bool:
         if not self._joined:
             return len(entry) >= self.size
         return len(entry) + sum(1 for r in self._joined if r not in entry) >= self.size
 
-    def responses(self) -> list[tuple]:
+    def responses(self) -> list[Response]:
         """Everything now runnable, fused, in the order all ranks must run it; plus stall errors."""
         if self._aborted:
             self._table.clear()
             self._first.clear()
             self._ready.clear()
             self._joined.clear()
-            return [("abort", [], None, ("abort", self._aborted))]
+            return [Response("abort", [], None, Failure("abort", self._aborted))]
         if len(self._ready) == 1 and not self._joined:  # one lone op, the common case: short path
             name = self._ready[0]
             entry = self._table[name]
             metas = iter(entry.values())
             first = next(metas)
-            if first[KIND] == "allreduce" and all(m == first for m in metas):
+            if first.kind == "allreduce" and all(m == first for m in metas):
                 del self._table[name], self._first[name]
                 self._ready.clear()
-                out = [("allreduce", [name], None, None)]
+                out = [Response("allreduce", [name], None, None)]
                 if self._first:
                     out.extend(self._stalls())
                 return out
-        out: list[tuple] = []
-        groups: dict[tuple, list] = {}  # fusion key -> [[names], nbytes, shapes]
+        out: list[Response] = []
+        fuser = Fuser(self.fusion_threshold)  # items: metas
         for name in self._ready:
             entry = self._table.pop(name)
             del self._first[name]
             any_meta = next(iter(entry.values()))
-            kind = any_meta[KIND]
+            kind = any_meta.kind
             error = check(name, entry)
             if error is None and self._joined and kind != "allreduce" and len(entry) < self.size:
                 error = (f"Tensor '{name}' is a {kind} but {_ranks(set(self._joined))} already called join(); "
                          "only allreduce can run while ranks have joined")
             if error:
-                out.append(("error", [name], [set(entry)], ("mismatch", error)))
+                out.append(Response("error", [name], [set(entry)], Failure("mismatch", error)))
             elif kind == "allreduce":
-                if any_meta[SPLITS] == GROUP:
-                    key = (any_meta[DTYPE], any_meta[OP], any_meta[PRE], any_meta[POST], any_meta[DEVICE])
-                    out.append((kind, [name], (*key, list(any_meta[SHAPE])) if self._joined else None, None))
-                else:
-                    self._fuse(groups, out, name, any_meta)
+                closed = fuser.add(any_meta, *fusion_of(any_meta))
+                if closed is not None:
+                    out.append(self._allreduce_response(closed))
             elif kind == "allgather":
-                out.append((kind, [name], [entry[r][SHAPE][0] for r in range(self.size)], None))
+                out.append(Response(kind, [name], [entry[r].shape[0] for r in range(self.size)], None))
             elif kind == "alltoall":
-                out.append((kind, [name], [entry[r][SPLITS] for r in range(self.size)], None))
+                out.append(Response(kind, [name], [entry[r].splits for r in range(self.size)], None))
             else:
-                out.append((kind, [name], None, None))
+                out.append(Response(kind, [name], None, None))
         self._ready.clear()
-        for group in groups.values():
-            out.append(self._allreduce_response(group))
+        for batch in fuser.rest():
+            out.append(self._allreduce_response(batch))
         if len(set(self._joined)) >= self.size and not self._table:
-            out.append(("join", [JOIN_NAME], self._joined[-1], None))
+            out.append(Response("join", [JOIN_NAME], self._joined[-1], None))
             self._joined.clear()
         out.extend(self._stalls())
         return out
 
-    def _fuse(self, groups: dict, out: list, name: str, m: tuple) -> None:
-        key = (m[DTYPE], m[OP], m[PRE], m[POST], m[DEVICE])
-        nbytes = math.prod(m[SHAPE]) * wire_dtype(m[DTYPE]).itemsize
-        group = groups.get(key)
-        if group is not None and group[1] + nbytes > self.fusion_threshold:
-            out.append(self._allreduce_response(group))
-            group = None
-        if group is None:
-            group = groups[key] = [[], 0, [], key]
-        group[0].append(name)
-        group[1] += nbytes
-        group[2].append(m[SHAPE])
+    def _allreduce_response(self, batch: Batch) -> Response:
+        metas = batch.items
+        joined = None
+        if self._joined:  # what a rank without the tensors needs to add zeros
+            if batch.key is None:  # a group: its members' shapes
+                m = metas[0]
+                joined = JoinedInfo(m.dtype, m.op, m.prescale, m.postscale, m.device, list(m.shape))
+            else:
+                joined = JoinedInfo(*batch.key, [m.shape for m in metas])
+        return Response("allreduce", [m.name for m in metas], joined, None)
 
-    def _allreduce_response(self, group: list) -> tuple:
-        names, _, shapes, key = group
-        return ("allreduce", names, (*key, shapes) if self._joined else None, None)
-
-    def _stalls(self) -> list[tuple]:
+    def _stalls(self) -> list[Response]:
         now = self._clock()
         if now < self._next_stall_check or not self._first:
             return []
@@ -206,7 +197,7 @@ class Coordinator:
             shown = ", ".join(f"'{n}'" for n in names[:10])
             if len(names) > 10:
                 shown += f" and {len(names) - 10} more"
-            out.append(("error", names, submitters, ("stall", (
+            out.append(Response("error", names, submitters, Failure("stall", (
                 f"Stalled for more than {self.stall_timeout:g} s: {_ranks(missing)} did not submit {shown}, "
                 f"which the other ranks are waiting on (a rank stopped participating, or ranks issue "
                 f"different collectives; TRAINRUN_STALL_TIMEOUT sets the limit)"))))

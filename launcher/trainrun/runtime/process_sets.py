@@ -8,8 +8,14 @@ same order everywhere, as in Horovod (which needs HOROVOD_DYNAMIC_PROCESS_SETS=1
 trainrun always allows it). Ops take `process_set=`; `root_rank` stays a global rank, as in Horovod.
 join() is global only, and the timeline (TRAINRUN_TIMELINE) records the global set's ops only.
 Not supported: sets given as an MPI communicator (pass its ranks).
+
+This module holds the ProcessSet class and the registry (`register`, `unregister`, `engine_of`),
+over the session in context.py. The global set is the one object `global_process_set`, never
+changed: its ranks are read from the session (none before init).
 """
 from __future__ import annotations
+
+from trainrun.runtime.context import RUNTIME, NOT_INIT
 
 
 class ProcessSet:
@@ -38,8 +44,7 @@ class ProcessSet:
 
     def rank(self) -> int:
         """This process's rank within the set, or -1 when it is not a member."""
-        from trainrun.runtime import state
-        me = state.rank()
+        me = RUNTIME.current().topology.rank
         ranks = self._registered()
         return ranks.index(me) if me in ranks else -1
 
@@ -50,5 +55,91 @@ class ProcessSet:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
 
-global_process_set = ProcessSet([])  # every rank; its ranks are filled in by init()
-global_process_set.process_set_id = 0
+class _GlobalProcessSet(ProcessSet):
+    """Every rank of the session (none before init); id 0, always registered."""
+
+    def __init__(self):
+        self.process_set_id = 0
+
+    @property
+    def ranks(self) -> list[int]:
+        session = RUNTIME.session
+        return list(range(session.topology.size)) if session is not None else []
+
+
+global_process_set: ProcessSet = _GlobalProcessSet()
+
+
+def register(process_set) -> ProcessSet:
+    """Register a process set (a ProcessSet or a list of global ranks) and return it. Collective over
+    every rank: all call it, in the same order, with the same ranks (checked)."""
+    from mpi4py import MPI
+
+    session = RUNTIME.current()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    world, topo = session.world, session.topology
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:  # each set's engine thread calls MPI on its own
+        raise RuntimeError("process sets need MPI initialized with MPI_THREAD_MULTIPLE (mpi4py's default)")
+    # every rank takes part in this first collective whatever it passed, then every check below
+    # decides the same everywhere (the registry is the same on every rank): no rank is left waiting
+    everyone = world.allgather((ps.ranks, ps.process_set_id))
+    if any(r != everyone[0] for r in everyone):
+        raise ValueError(f"add_process_set: ranks disagree on the new set (ranks, id): {everyone}")
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps} is registered already")
+    bad = [r for r in ps.ranks if not 0 <= r < topo.size]
+    if bad or not ps.ranks:
+        raise ValueError(f"process set ranks {ps.ranks} must be a non-empty subset of 0..{topo.size - 1}")
+    if any(other.ranks == ps.ranks for other in session.sets.values()):
+        raise ValueError(f"a process set with ranks {ps.ranks} exists already")
+    member = topo.rank in ps.ranks
+    sub = world.Split(0 if member else MPI.UNDEFINED, topo.rank)
+    set_id, session.next_set_id = session.next_set_id, session.next_set_id + 1
+    if member:
+        session.start_engine(sub, set_id, ps.ranks)
+        sub.Free()  # the engine made its own duplicates
+    ps.process_set_id = set_id
+    session.sets[set_id] = ps
+    return ps
+
+
+def unregister(process_set: ProcessSet) -> bool:
+    """Unregister a process set (collective over every rank); False for the global set or one not
+    registered. Its engine shuts down on its members (outstanding ops fail)."""
+    session = RUNTIME.session
+    set_id = process_set.process_set_id
+    if session is None or not set_id or session.sets.get(set_id) is not process_set:
+        return False
+    engine = session.engines.pop(set_id, None)
+    del session.sets[set_id]
+    process_set.process_set_id = None
+    if engine is not None:
+        engine.shutdown()
+    return True
+
+
+def registered() -> list[ProcessSet]:
+    """Every registered process set, by id (the global one first)."""
+    session = RUNTIME.session
+    return [session.sets[i] for i in sorted(session.sets)] if session is not None else []
+
+
+def engine_of(process_set: ProcessSet | None = None):
+    """The engine that runs ops on `process_set` (default: the global set) on this rank."""
+    session = RUNTIME.session
+    if process_set is None or process_set is global_process_set:
+        if session is None:
+            raise ValueError(NOT_INIT)
+        return session.engines[0]
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
+    if session is None:
+        raise ValueError(NOT_INIT)
+    engine = session.engines.get(process_set.process_set_id)
+    if engine is None:
+        if session.sets.get(process_set.process_set_id) is not process_set:
+            raise ValueError(f"{process_set!r} is not a registered process set (init(process_sets=...) or "
+                             "add_process_set())")
+        raise ValueError(f"rank {session.topology.rank} is not in process set {process_set.process_set_id} "
+                         f"(ranks {process_set.ranks}): only its members may use it")
+    return engine

@@ -2,40 +2,32 @@
 
 Each takes flat, contiguous storage arrays plus the tensor's shape and logical dtype name (see
 fusion.py), checks what a rank can check alone (raising ValueError like Horovod), names unnamed ops
-in call order (`<kind>.noname.<n>`, so ranks calling in the same order match), and returns Requests
-for an engine's `submit` (state.engine(process_set)).
+in call order (`<kind>.noname.<n>`, counted per process set in the session: context.py, so ranks
+calling in the same order match), and returns Requests for an engine's `submit`
+(state.engine(process_set)).
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
+from trainrun.runtime.context import RUNTIME
 from trainrun.runtime.fusion import REDUCIBLE
+from trainrun.runtime.negotiation import JOIN_NAME
 from trainrun.runtime.ops import GROUP, OP_NAMES, Adasum, Average, Max, Min, Product, Request, Sum
-
-_counters: dict[tuple, itertools.count] = {}  # (process set id, kind) -> count
-
-
-def reset_names() -> None:
-    """Start unnamed ops from 0 again (at shutdown: every rank does it at the same point)."""
-    _counters.clear()
 
 
 def auto_name(kind: str, name: str | None, set_id: int = 0) -> str:
     """`name`, or the next `<kind>.noname.<n>` of this process set (ranks calling in the same
     order get the same names)."""
     if name is None:
-        counter = _counters.get((set_id, kind))
-        if counter is None:
-            counter = _counters[(set_id, kind)] = itertools.count()
-        return f"{kind}.noname.{next(counter)}"
+        return RUNTIME.current().next_name(kind, set_id)
     if not isinstance(name, str):
         raise ValueError(f"name must be a string, not {type(name).__name__}")
     return name
 
 
 def check_op(op: int) -> int:
+    """`op` if trainrun can run it, else ValueError naming the supported ones."""
     if op == Adasum:
         raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
     if op not in (Average, Sum, Min, Max, Product):
@@ -112,5 +104,4 @@ def barrier(name: str) -> Request:
 
 
 def join() -> Request:
-    from trainrun.runtime.negotiation import JOIN_NAME
     return Request("join", JOIN_NAME)

@@ -3,7 +3,7 @@
 The MPI world is the source of truth: size/rank from COMM_WORLD, local from a shared-memory split,
 cross from splitting by local rank. When the launcher's env contract (TRAINRUN_*, read with
 envcontract.read_rank_env) is present it must agree; a disagreement means the world was formed
-wrongly (a PMI mistake gives size 1 with no error) and is raised as RuntimeError
+wrongly (a PMI mistake, for one, gives size 1 with no error) and is raised as RuntimeError
 rather than training on a wrong topology.
 """
 from __future__ import annotations

@@ -8,14 +8,12 @@ trainrun.tensorflow.keras's DistributedOptimizer, as in Horovod.
 """
 from __future__ import annotations
 
-import hashlib
-
 import tensorflow as tf
 
 from trainrun.runtime.ops import Adasum, Average
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.tensorflow.compression import Compression
-from trainrun.tensorflow.mpi_ops import _set_rank, allreduce, grouped_allreduce
+from trainrun.tensorflow.reduce import grads_name, reduce_gradients
 
 
 def _check(op, gradient_predivide_factor, groups, num_groups):
@@ -23,36 +21,6 @@ def _check(op, gradient_predivide_factor, groups, num_groups):
         raise NotImplementedError("op=Adasum is not supported by trainrun; use Average or Sum")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-
-
-def grads_name(prefix: str, variables) -> str:
-    """A name for the gradients of `variables`: the same on every rank and every step."""
-    names = "\0".join(getattr(v, "path", None) or getattr(v, "name", str(i)) for i, v in enumerate(variables))
-    return f"{prefix}.{len(variables)}.{hashlib.sha1(names.encode()).hexdigest()[:16]}"
-
-
-def reduce_gradients(grads, variables, *, name, compression=Compression.none, sparse_as_dense=False, op=Average,
-                     gradient_predivide_factor=1.0, process_set=global_process_set) -> list:
-    """`grads` (tensors, IndexedSlices or None, one per variable) reduced over the set's ranks."""
-    grads = list(grads)
-    if _set_rank(process_set)[1] == 1:
-        return grads
-    out, dense = list(grads), []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if isinstance(g, tf.IndexedSlices):
-            if not sparse_as_dense:
-                out[i] = allreduce(g, op=op, name=f"{name}.sparse.{i}", process_set=process_set)
-                continue
-            out[i] = tf.convert_to_tensor(g)
-        dense.append(i)
-    pre, post = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if op == Average else (1.0, 1.0)
-    reduced = grouped_allreduce([out[i] for i in dense], compression=compression, op=op, prescale_factor=pre,
-                                postscale_factor=post, name=name, process_set=process_set)
-    for i, r in zip(dense, reduced):
-        out[i] = r
-    return out
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
@@ -98,11 +66,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                       "tf.compat.v1 optimizers; accumulate gradients in the training loop")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
                                      gradient_predivide_factor, process_set)
-    from trainrun.tensorflow.keras import DistributedOptimizer as keras_distributed
-    return keras_distributed(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
-                             backward_passes_per_step=backward_passes_per_step, op=op,
-                             gradient_predivide_factor=gradient_predivide_factor,
-                             average_aggregated_gradients=average_aggregated_gradients, process_set=process_set)
+    # a Keras optimizer: the same wrapper trainrun.tensorflow.keras.DistributedOptimizer makes
+    from trainrun._keras import optimizer as keras_impl
+    from trainrun._keras import tf_ops
+
+    return keras_impl.create_distributed_optimizer(tf.keras, tf_ops, optimizer, name, compression, sparse_as_dense,
+                                                   gradient_predivide_factor, op, backward_passes_per_step,
+                                                   average_aggregated_gradients, process_set)
 
 
 class _DistributedGradientTape:

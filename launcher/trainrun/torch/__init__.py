@@ -3,6 +3,8 @@
 init/shutdown/topology come from the framework-free runtime; ops (mpi_ops.py), model/optimizer
 helpers (functions.py), DistributedOptimizer (optimizer.py) and Compression are torch-specific.
 """
+from types import ModuleType as _ModuleType
+
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.process_sets import ProcessSet
 from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
@@ -20,4 +22,4 @@ from trainrun.torch.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, all
                                     poll, reducescatter, reducescatter_async, synchronize)
 from trainrun.torch.optimizer import DistributedOptimizer
 
-__all__ = [n for n in dir() if not n.startswith("_")]
+__all__ = [n for n, v in globals().items() if not n.startswith("_") and not isinstance(v, _ModuleType)]

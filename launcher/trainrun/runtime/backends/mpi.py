@@ -7,7 +7,7 @@ so they work for any dtype; reductions take arrays in a wire dtype (see fusion.w
 Allreduce, the op gradients use, runs as MPI_Iallreduce completed by the engine's `wait(request)`:
 MPICH's blocking calls spin on the CPU while the peer is late, which starves the training loop
 when communication overlaps backward on a host with no spare core; the engine's wait polls as hard
-as its caller needs (see Engine._complete).
+as its caller needs (see Engine._yielding_wait).
 """
 from __future__ import annotations
 
@@ -30,18 +30,18 @@ def _displs(counts):
 class MPIBackend:
     """Collectives on a duplicate of the world communicator; call `close()` to free it."""
 
-    def __init__(self, comm, wait=None):
-        """`wait(request)` completes a nonblocking MPI request (default: MPI_Wait)."""
+    def __init__(self, comm):
         self.comm = comm.Dup()
-        self._wait = wait or MPI.Request.Wait
+        # wait(request) completes a nonblocking MPI request: MPI_Wait, unless the engine's background
+        # thread, while it drives, sets a wait that yields the CPU between polls
+        self.wait = MPI.Request.Wait
 
     def close(self) -> None:
         self.comm.Free()
 
-    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int, wait=None) -> None:
-        """recv = op over ranks of send (in place on recv when send is None); `wait` overrides how
-        the request is completed."""
-        (wait or self._wait)(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int) -> None:
+        """recv = op over ranks of send (in place on recv when send is None)."""
+        self.wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Byte arrays: rank r's `send` (counts[r] bytes) lands at offset sum(counts[:r]) of `recv`."""

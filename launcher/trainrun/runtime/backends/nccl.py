@@ -21,7 +21,7 @@ import math
 import os
 from functools import lru_cache
 
-from trainrun.runtime.ops import Average, Max, Min, Product, Sum
+from trainrun.runtime.ops import Max, Min, Product, Sum, split_rows, sum_then_scale
 
 _DTYPES = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4, "uint64": 5, "float16": 6,
            "float32": 7, "float64": 8, "bfloat16": 9}
@@ -185,12 +185,12 @@ class NcclCollectives:
             dtype, op, pre, post = some.dtype, some.op, some.prescale, some.postscale
             counts = [r.inp.numel() for r in reqs]
             tdtype = some.inp.dtype
-        else:
-            dtype, op, pre, post, _, shapes = joined_info
-            counts = [math.prod(s) for s in shapes]
+        else:  # this rank has joined: zeros of the shapes in messages.JoinedInfo
+            j = joined_info
+            dtype, op, pre, post = j.dtype, j.op, j.prescale, j.postscale
+            counts = [math.prod(s) for s in j.shapes]
             tdtype = getattr(torch, dtype)
-        if op == Average:
-            op, post = Sum, post / self.size
+        op, post = sum_then_scale(op, post, self.size)
         if len(reqs) == 1 and some is not None:
             send = some.inp
             if pre != 1.0:
@@ -259,11 +259,9 @@ class NcclCollectives:
         return out, torch.tensor(recv_splits, dtype=torch.int32)
 
     def reducescatter(self, req):
-        from trainrun.runtime.collectives import split_rows
-
         full = self._buffer(req.inp.dtype, req.inp.numel())
         self._scaled_copy(full, req.inp, req.prescale)
-        op, post = (Sum, req.postscale / self.size) if req.op == Average else (req.op, req.postscale)
+        op, post = sum_then_scale(req.op, req.postscale, self.size)
         self._allreduce(full, full, req.dtype, op)
         row = math.prod(req.shape[1:])
         rows = split_rows(req.shape[0], self.size)

@@ -20,8 +20,9 @@ from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa
 from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, init,  # noqa: E402
                                     is_homogeneous, is_initialized, local_rank, local_size, process_sets,
                                     rank, remove_process_set, shutdown, size)
-from trainrun.tensorflow import (allgather_object, barrier, broadcast_object, join,  # noqa: E402
-                                 broadcast_variables as _tf_broadcast_variables)
+from trainrun.tensorflow.functions import (allgather_object, broadcast_object,  # noqa: E402
+                                           broadcast_variables as _tf_broadcast_variables)
+from trainrun.tensorflow.mpi_ops import barrier, join  # noqa: E402
 from trainrun.tensorflow.compression import Compression  # noqa: E402
 from trainrun.tensorflow.keras import callbacks  # noqa: E402
 
@@ -50,7 +51,7 @@ def broadcast_global_variables(root_rank):
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution; use "
                            "hvd.callbacks.BroadcastGlobalVariablesCallback(0) or hvd.broadcast_variables(...)")
-    from trainrun.tensorflow import broadcast_global_variables as graph_broadcast
+    from trainrun.tensorflow.functions import broadcast_global_variables as graph_broadcast
     return graph_broadcast(root_rank)
 
 

@@ -1,0 +1,104 @@
+"""The runtime's state, in one object: `RUNTIME`.
+
+A `Runtime` lives as long as the process: the handle table (handles.py), the output buffer pool,
+and, between init() and shutdown(), a `Session` -- the topology, the communicator init() joined, the
+settings, the registered process sets, this rank's engine for each set it is in (set id 0: the
+global set), and the counters that name unnamed ops. shutdown() drops the session whole, so a
+later init() starts afresh (set ids and op names from the start again, on every rank alike).
+
+state.py's functions and process_sets.py's registry are thin accessors over it. This module knows
+process sets only by their `ranks` and `process_set_id` (process_sets.py imports it, not the other
+way round), and imports mpi4py and the engine only when a session starts.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from typing import NamedTuple
+
+from trainrun.runtime.fusion import OutputPool
+from trainrun.runtime.handles import Handles
+from trainrun.runtime.topology import Topology
+
+NOT_INIT = "Horovod has not been initialized; use hvd.init()."
+
+
+class Settings(NamedTuple):
+    """Read from the environment at init, TRAINRUN_* first, then Horovod's HOROVOD_* names."""
+    fusion_threshold: int       # FUSION_THRESHOLD, bytes (default 64 MiB)
+    stall_timeout: float        # STALL_TIMEOUT, seconds (default 60)
+    timeline_path: str | None   # TIMELINE: a Chrome trace written at shutdown (global set only)
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> Settings:
+        def setting(name: str, default: str | None) -> str | None:
+            return environ.get(f"TRAINRUN_{name}", environ.get(f"HOROVOD_{name}", default))
+        return cls(int(setting("FUSION_THRESHOLD", str(64 * 1024 * 1024))), float(setting("STALL_TIMEOUT", "60")),
+                   setting("TIMELINE", None) or None)
+
+
+class Session:
+    """What one init() .. shutdown() holds (see the module docstring)."""
+
+    def __init__(self, topology: Topology, world, settings: Settings):
+        self.topology, self.world, self.settings = topology, world, settings
+        self.engines: dict[int, object] = {}   # set id -> this rank's Engine, for the sets it is in
+        self.sets: dict[int, object] = {}      # set id -> every registered ProcessSet (0: the global one)
+        self.next_set_id = 1
+        self._counters: dict[tuple, itertools.count] = {}  # (set id, kind) -> unnamed ops so far
+
+    def start_engine(self, comm, set_id: int, ranks: list[int]):
+        """Make (collectively over `comm`) and register the engine of process set `set_id`."""
+        from trainrun.runtime.engine import Engine
+
+        s = self.settings
+        engine = Engine(comm, comm.Get_rank(), comm.Get_size(), fusion_threshold=s.fusion_threshold,
+                        stall_timeout=s.stall_timeout, set_id=set_id, ranks=ranks,
+                        timeline_path=s.timeline_path if set_id == 0 else None)
+        self.engines[set_id] = engine
+        return engine
+
+    def next_name(self, kind: str, set_id: int) -> str:
+        """`<kind>.noname.<n>`: the n-th unnamed `kind` op of this set (ranks calling in the same
+        order get the same names)."""
+        counter = self._counters.get((set_id, kind))
+        if counter is None:
+            counter = self._counters[(set_id, kind)] = itertools.count()
+        return f"{kind}.noname.{next(counter)}"
+
+
+class Runtime:
+    """The process's runtime (see the module docstring). `lock` serializes init and shutdown."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.session: Session | None = None
+        self.handles = Handles(lambda: self.current().engines[0])
+        self.outputs = OutputPool()   # grouped outputs' buffers (api.py)
+        self.exit_hooked = False      # state.py's atexit/excepthook are installed
+        self.crashed = False          # the interpreter is exiting after an unhandled exception
+
+    def current(self) -> Session:
+        """The session, or ValueError (Horovod's message) before init()."""
+        session = self.session
+        if session is None:
+            raise ValueError(NOT_INIT)
+        return session
+
+    def take_engines(self) -> list:
+        """End the session; return its engines for the caller to stop: process sets in id order,
+        then the global one -- one order on every rank, so their collective shutdowns cannot wait
+        on each other. Registered sets other than the global one lose their ids."""
+        with self.lock:
+            session, self.session = self.session, None
+        if session is None:
+            return []
+        for set_id, ps in session.sets.items():
+            if set_id:
+                ps.process_set_id = None
+        engines = session.engines
+        return [engines[i] for i in sorted(engines) if i] + ([engines[0]] if 0 in engines else [])
+
+
+RUNTIME = Runtime()

@@ -1,0 +1,57 @@
+"""The messages ranks exchange about operations, as NamedTuples (picklable, and compared and hashed
+as plain tuples, so they cost what tuples cost on the wire and as dict keys).
+
+- `Meta`: one rank's description of an op (Request.meta), what the ranks must agree on. A phase
+  gathers them to the coordinator; the response cache numbers them (cache.py).
+- `Response`: one entry of the coordinator's answer, run by every rank in the same order
+  (negotiation.py lists the kinds and what `info` holds for each).
+- `FusionKey`: what allreduces must share to be fused into one reduction (fusion.Fuser).
+- `JoinedInfo`: a fused allreduce's key and shapes, sent while some rank has joined, so that a
+  rank without the tensors can contribute zeros of the right size.
+- `Failure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort").
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Meta(NamedTuple):
+    name: str
+    kind: str          # ops.KINDS; for "abort" the name carries the reason
+    dtype: str         # logical dtype name (fusion.py)
+    shape: tuple       # a group's: the tuple of its members' shapes
+    op: int            # ops.Average, Sum, ...
+    prescale: float
+    postscale: float
+    root: int          # broadcast's root within the process set, else -1
+    splits: object     # alltoall's send counts, ops.GROUP for a group, else None
+    device: str        # "cpu" or "cuda"
+
+
+class FusionKey(NamedTuple):
+    dtype: str
+    op: int
+    prescale: float
+    postscale: float
+    device: str
+
+
+class JoinedInfo(NamedTuple):
+    dtype: str
+    op: int
+    prescale: float
+    postscale: float
+    device: str
+    shapes: list       # one per fused name (a group: its members' shapes)
+
+
+class Failure(NamedTuple):
+    kind: str          # "mismatch", "stall" or "abort"
+    message: str
+
+
+class Response(NamedTuple):
+    kind: str          # an op kind, "error" or "abort"
+    names: list
+    info: object       # per kind: see negotiation.py
+    error: Failure | None

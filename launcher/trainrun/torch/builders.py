@@ -1,0 +1,175 @@
+"""Tensors to engine Requests: the op builders of trainrun.torch, each returning (Requests,
+finalize) for api.submit / api.run on engine `eng` (finalize(results) makes what the op returns).
+
+Tensors reach the engine as NumPy views of their storage (no copy for contiguous CPU tensors;
+bfloat16 travels as its 16-bit pattern). Non-contiguous tensors are copied to a contiguous buffer
+(and, for in-place ops, copied back when the op completes). CUDA tensors stay on the GPU and are
+reduced with NCCL (runtime/backends/nccl.py) when libnccl.so.2 loads; with
+TRAINRUN_GPU_OPERATIONS=mpi (or no NCCL) they are staged through host memory.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainrun.runtime import api, requests as rq
+from trainrun.runtime.backends import nccl
+from trainrun.runtime.fusion import dtype_name
+from trainrun.runtime.ops import split_rows
+
+
+# ---- tensor <-> engine buffers ------------------------------------------------------------
+def _nccl(t: torch.Tensor) -> bool:
+    """Whether `t` is reduced on its GPU with NCCL (else it is staged through host memory)."""
+    return t.is_cuda and nccl.gpu_operations() == "nccl"
+
+
+def _view(t: torch.Tensor):
+    """(flat buffer, logical dtype name) for the engine: a NumPy view of a contiguous CPU tensor's
+    storage, or the flat CUDA tensor itself on the NCCL path."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.is_cuda:
+        return t.reshape(-1), str(t.dtype).replace("torch.", "")
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().reshape(-1).view(np.uint16), "bfloat16"
+    a = t.numpy().reshape(-1)
+    return a, dtype_name(a.dtype)
+
+
+def _placed(req, buf: torch.Tensor):
+    """Mark a request built on `buf` as a GPU one when `buf` is on the GPU (NCCL path)."""
+    if buf.is_cuda:
+        req.device = "cuda"
+        req.ready = torch.cuda.Event()
+        req.ready.record()  # after the producer's kernels on the current stream
+    return req
+
+
+def _tensor(a, dtype: str) -> torch.Tensor:
+    """Tensor of an engine-allocated result (NumPy memory shared; CUDA results are tensors already)."""
+    if isinstance(a, torch.Tensor):
+        return a
+    if dtype == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor with t's data the engine can work on: t itself when possible; a host copy
+    for CUDA tensors without NCCL."""
+    if t.is_cuda and not _nccl(t):
+        return t.detach().to("cpu").contiguous()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _to_device(result: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return result if result.device == like.device else result.to(like.device)
+
+
+def _in_place(t: torch.Tensor):
+    """Buffer for in-place work on `t`, and the function that returns `t` with the result in it."""
+    buf = _host(t)
+    if buf is t:
+        return buf, lambda: t
+
+    def write_back():
+        with torch.no_grad():
+            t.copy_(buf)
+        return t
+    return buf, write_back
+
+
+# ---- op builders ---------------------------------------------------------------------------
+def allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place):
+    if in_place:
+        buf, done = _in_place(tensor)
+        out = buf
+    else:
+        buf = _host(tensor)
+        out = torch.empty_like(buf)
+    inp, dtype = _view(buf)
+    req = rq.allreduce(inp, inp if in_place else _view(out)[0], buf.shape, dtype,
+                       rq.auto_name("allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
+    return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(out, tensor)))
+
+
+def grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, in_place):
+    """CPU tensors of one dtype travel as one group (one negotiation entry, one reduction: see
+    ops.Request); anything else as one request per tensor, announced together."""
+    base = rq.auto_name("grouped_allreduce", name, eng.set_id)
+    tensors = list(tensors)
+    if tensors and len({t.dtype for t in tensors}) == 1 and not any(t.is_cuda for t in tensors):
+        bufs, dones = [], []
+        for t in tensors:
+            if in_place:
+                buf, done = _in_place(t)
+                dones.append(done)
+            else:
+                buf = _host(t)
+            bufs.append(buf)
+        pairs = [_view(b) for b in bufs]
+        views, dtype = [v for v, _ in pairs], pairs[0][1]
+        shapes = tuple(tuple(b.shape) for b in bufs)
+        if in_place:
+            req = rq.group(views, views, shapes, dtype, base, op, prescale_factor, postscale_factor)
+            return [req], lambda _: [d() for d in dones]
+        fused = torch.empty(sum(b.numel() for b in bufs), dtype=bufs[0].dtype)
+        outs = [o.view(shape) for o, shape in zip(fused.split([b.numel() for b in bufs]), shapes)]
+        flat = _view(fused)[0]
+        np_outs, off = [], 0
+        for v in views:
+            np_outs.append(flat[off:off + v.size])
+            off += v.size
+        req = rq.group(views, np_outs, shapes, dtype, base, op, prescale_factor, postscale_factor, flat)
+        return [req], lambda _: outs
+    reqs, finals = [], []
+    for i, t in enumerate(tensors):
+        (req,), fin = allreduce(eng, t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)
+        reqs.append(req)
+        finals.append(fin)
+    return reqs, lambda res: [f(None) for f in finals]
+
+
+def allgather(eng, tensor, name):
+    buf = _host(tensor)
+    inp, dtype = _view(buf)
+    req = rq.allgather(inp, buf.shape, dtype, rq.auto_name("allgather", name, eng.set_id))
+    return [_placed(req, buf)], lambda res: _to_device(_tensor(res[0], dtype), tensor)
+
+
+def broadcast(eng, tensor, root_rank, name, in_place):
+    root = api.root_in(eng, root_rank)
+    if in_place:
+        buf, done = _in_place(tensor)
+    else:
+        src = _host(tensor)
+        buf = src.clone() if eng.rank == root else torch.empty_like(src)
+    flat, dtype = _view(buf)
+    req = rq.broadcast(flat, flat, buf.shape, dtype, rq.auto_name("broadcast", name, eng.set_id), root, eng.size)
+    return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(buf, tensor)))
+
+
+def alltoall(eng, tensor, splits, name):
+    buf = _host(tensor)
+    inp, dtype = _view(buf)
+    if isinstance(splits, torch.Tensor):
+        splits = splits.cpu().numpy()
+    req = rq.alltoall(inp, buf.shape, dtype, rq.auto_name("alltoall", name, eng.set_id), splits, eng.size)
+
+    def finalize(res):
+        out, received = res[0]
+        out = _to_device(_tensor(out, dtype), tensor)
+        return out if splits is None else (out, torch.as_tensor(received))
+    return [_placed(req, buf)], finalize
+
+
+def reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor):
+    buf = _host(tensor)
+    rq.check_dim("reducescatter", tuple(buf.shape))
+    rows = split_rows(buf.shape[0], eng.size)[eng.rank]
+    out = torch.empty((rows,) + tuple(buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+    inp, dtype = _view(buf)
+    req = rq.reducescatter(inp, _view(out)[0], buf.shape, dtype, rq.auto_name("reducescatter", name, eng.set_id),
+                           op, prescale_factor, postscale_factor)
+    return [_placed(req, buf)], lambda _: _to_device(out, tensor)
