@@ -52,6 +52,7 @@ def init(comm=None, process_sets=None) -> None:
             return
         from mpi4py import MPI
 
+        from trainrun.diag import rankhook
         from trainrun.runtime import topology
         from trainrun.runtime.engine import Engine
 
@@ -65,6 +66,7 @@ def init(comm=None, process_sets=None) -> None:
                          stall_timeout=float(_setting("STALL_TIMEOUT", "60")),
                          timeline_path=_setting("TIMELINE", None) or None)
         _topology, _world = topo, comm
+        rankhook.install(_engine)  # stacks without ptrace, progress and stalls for the launcher (diag/)
         global_process_set.ranks = list(range(topo.size))
         _sets[0] = global_process_set
         if not _atexit_registered:  # registered after mpi4py's own, so it runs before MPI_Finalize
