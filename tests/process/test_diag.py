@@ -212,3 +212,32 @@ def test_ranks_bad_input_is_a_usage_error(run_trainrun, ranks, needle):
     from launch_helpers import assert_one_line_error
 
     assert_one_line_error(run_trainrun("--ranks", ranks, "-np", 4, "true"), 2, needle)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A fresh cgroup v1 memory cgroup limited to 80 MB (removed afterwards)."""
+    root = "/sys/fs/cgroup/memory"
+    path = os.path.join(root, f"trainrun-test-{os.getpid()}")
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(80 << 20))
+    except OSError as err:
+        pytest.skip(f"cannot make a memory cgroup under {root} ({err.strerror}): needs root and cgroup v1")
+    yield path
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_oom_killed_rank_is_named_as_such(run_trainrun, memory_cgroup):
+    code = (f"import os; open({memory_cgroup + '/cgroup.procs'!r}, 'w').write(str(os.getpid())); "
+            "a = []\nwhile True: a.append(bytearray(8 << 20))")
+    run = run_trainrun("-np", 2, sys.executable, "-c", f"import os, time\nif os.environ['RANK'] == '1':\n    exec({code!r})\ntime.sleep(60)")
+    assert run.rc == 137, run.stderr
+    assert "rank 1 on localhost (local rank 1) was killed by SIGKILL (out of memory)" in run.stderr, run.stderr
+    assert "rank 1: out of memory: the kernel's OOM killer killed it" in run.stderr, run.stderr

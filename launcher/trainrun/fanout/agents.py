@@ -30,6 +30,7 @@ from trainrun.run.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
 AGENT_PATIENCE = 4  # x heartbeat_timeout: how long an agent waits for a silent launcher
+FIRST_BEATS_EVERY, FIRST_BEATS_FOR = 0.2, 3.0  # seconds: more clock samples while the job starts
 
 
 class AgentRanks:
@@ -47,6 +48,7 @@ class AgentRanks:
         self.heartbeat_timeout = 15.0
         self._last_heard = self._last_beat = time.monotonic()
         self.clock = ClockOffset()
+        self._started = time.monotonic()
 
     def assign(self, specs: list[ProcessSpec], *, pmi: bool, python: str, env: dict[str, str],
                heartbeat_timeout: float = 15.0) -> None:
@@ -67,7 +69,7 @@ class AgentRanks:
 
     def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
         self.events = events
-        self._last_heard = time.monotonic()
+        self._last_heard = self._started = time.monotonic()
         self.link.write(wire.frame(wire.JOB, -1, self._job.to_bytes()))
         self._beat()  # a first clock sample before any rank can fail
         sel.register(self.link.fileno(), selectors.EVENT_READ, lambda: self._on_readable(sel))
@@ -100,7 +102,8 @@ class AgentRanks:
         elif kind == wire.EXIT:
             self._pending.discard(rank)
             report = ExitReport.from_bytes(payload)
-            self.events.on_exit(rank, report.returncode, ExitInfo(self.clock.to_launcher(report.at), report.oom))
+            self.events.on_exit(rank, report.returncode,
+                                ExitInfo(self.clock.to_launcher(report.at), report.oom, self.clock.error or 0.0))
         elif kind == wire.PMI:
             self.events.on_pmi(rank, payload)
         elif kind == wire.FATAL:
@@ -128,7 +131,9 @@ class AgentRanks:
         """Heartbeats: send ours; a host silent for heartbeat_timeout is lost (hung, paused, cut off)."""
         if not self._pending:
             return
-        if now - self._last_beat >= wire.HEARTBEAT_EVERY:
+        # beats come often at first: the clock offset's best sample is the one with the shortest round trip
+        every = FIRST_BEATS_EVERY if now - self._started < FIRST_BEATS_FOR else wire.HEARTBEAT_EVERY
+        if now - self._last_beat >= every:
             self._beat()
         silent = now - self._last_heard
         if silent > self.heartbeat_timeout:

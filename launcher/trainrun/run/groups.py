@@ -32,10 +32,12 @@ if TYPE_CHECKING:
 
 class ExitInfo(NamedTuple):
     """When and how a rank ended, as its host saw it. `at`: wall-clock seconds on the *launcher's*
-    clock (an agent's time is corrected by AgentRanks); `oom`: why it looks like an OOM kill, or None."""
+    clock (an agent's time is corrected by AgentRanks, to within `error` seconds); `oom`: why it looks
+    like an OOM kill, or None."""
 
     at: float
     oom: str | None = None
+    error: float = 0.0
 
 
 class RankEvents(Protocol):

@@ -105,7 +105,7 @@ class Job:
         if returncode == 0:
             return
         ours = {-signal.SIGTERM: self._stopped_at, -signal.SIGKILL: self._killed_at}.get(returncode)
-        if ours is not None and (info is None or info.at >= ours):
+        if ours is not None and (info is None or info.at + info.error >= ours):
             return  # stopped by us (a rank killed before we sent that signal is a failure, reported late)
         how = f"exited with code {returncode}" if returncode > 0 else f"was killed by {signame(-returncode)}"
         oom = info.oom if info else None
