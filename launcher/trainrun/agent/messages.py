@@ -59,10 +59,11 @@ class Beat:
 
 @dataclass(frozen=True)
 class ExitReport:
-    """`at`: time.time() on the agent's host when the rank was reaped; `oom`: run/oom.py's verdict."""
+    """`at`: time.time() on the agent's host when the rank was reaped (None from an agent of an older
+    trainrun, whose EXIT payload is the bare return code); `oom`: run/oom.py's verdict."""
 
     returncode: int
-    at: float
+    at: float | None
     oom: str | None = None
 
     def to_bytes(self) -> bytes:
@@ -71,6 +72,8 @@ class ExitReport:
     @classmethod
     def from_bytes(cls, data: bytes) -> ExitReport:
         d = json.loads(data)
+        if isinstance(d, int):
+            return cls(d, None)
         return cls(d["rc"], d["at"], d.get("oom"))
 
 

@@ -102,8 +102,8 @@ class AgentRanks:
         elif kind == wire.EXIT:
             self._pending.discard(rank)
             report = ExitReport.from_bytes(payload)
-            self.events.on_exit(rank, report.returncode,
-                                ExitInfo(self.clock.to_launcher(report.at), report.oom, self.clock.error or 0.0))
+            info = None if report.at is None else ExitInfo(self.clock.to_launcher(report.at), report.oom, self.clock.error or 0.0)
+            self.events.on_exit(rank, report.returncode, info)
         elif kind == wire.PMI:
             self.events.on_pmi(rank, payload)
         elif kind == wire.FATAL:

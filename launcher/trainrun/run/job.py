@@ -136,7 +136,7 @@ class Job:
 
     def on_stall(self, rank: int) -> None:
         log.info("rank %d raised a StallError: taking every rank's stack", rank)
-        if not self._dumps:
+        if not self._dumps and self._stopped_at is None:
             self.dump(f"rank {rank} raised a StallError")
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
