@@ -106,6 +106,8 @@ def test_first_failure_on_another_host_is_named_first(cluster, tmp_path):
     the summary names rank 2 first: exit times come from the hosts, on the launcher's clock."""
     r = subprocess.run(argv(cluster, tmp_path, "-v", "-H", "h1:2,h2:2", sys.executable, WORKER, tmp_path, "kill", 2),
                        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env())
+    log = [line for line in r.stderr.splitlines() if re.match(r"trainrun: rank \d exited with", line)]
+    assert log[0] != "trainrun: rank 2 exited with -9", f"rank 2 was reported first: the test proves nothing\n{r.stderr}"
     assert r.returncode == 137, r.stderr
     assert "trainrun: rank 2 on h2 (local rank 0) was killed by SIGKILL (the first failure)" in r.stderr, r.stderr
     assert re.search(r"^  rank [013] on h[12] \(local rank [01]\) exited with code 1, [\d.]+s later: rank \d: connection reset by rank 2$",

@@ -166,6 +166,8 @@ class AgentRanks:
 
     def close(self, sel) -> None:
         """End the channel's input: the agent kills whatever is left and exits (see wait_closed)."""
+        if self.clock.error is not None:
+            log.info("%s: clock offset %+.1f ms (+- %.1f ms)", self.host, 1000 * self.clock.offset, 1000 * self.clock.error)
         try:
             sel.unregister(self.link.fileno())
         except (KeyError, ValueError):

@@ -3,8 +3,9 @@
   hang            every rank does one allreduce, prints "ready", then rank 1 sleeps in slow_step() while
                   the others wait in the next allreduce (a hung job)
   kill R          rank R SIGKILLs itself after the first allreduce (a child of it holds its output open,
-                  so its exit is reported late); the others notice at once (they watch its pid, as a
-                  peer's socket would be reset) and exit 1 with "connection reset by rank R"
+                  so its exit is reported 0.5 s late); the others notice (they watch its pid, as a
+                  peer's socket would be reset) and exit 1 with "connection reset by rank R" 0.2 s later
+                  (more than the error of the hosts' clock offsets, less than the late report)
   setsid [R]      every rank starts a grandchild in its own session (it leaves the rank's process group)
                   that sleeps forever, records its pid, prints "ready" and sleeps; rank R (if given)
                   exits 3 once every rank has recorded its grandchild
@@ -67,6 +68,7 @@ def kill(victim):
         pid = json.load(f)["pid"]
     while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
         time.sleep(0.005)
+    time.sleep(0.2)
     print(f"rank {rank}: connection reset by rank {victim}", file=sys.stderr, flush=True)
     os._exit(1)  # not sys.exit: the runtime's collective shutdown would wait for the dead rank
 
