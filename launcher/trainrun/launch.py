@@ -22,6 +22,7 @@ def launch(cfg: LaunchConfig) -> int:
         return check(cfg)
     source = host_source(cfg, os.environ)
     shape = shape_job(cfg, source.hosts, source.default_np)
+    cfg.shown_ranks(shape.np)  # a --ranks beyond the job is a usage error before any host is reached
     if shape.has_local:
         from trainrun.plan.program import check_local_program
 
@@ -40,8 +41,19 @@ def launch(cfg: LaunchConfig) -> int:
         from trainrun.mpi.openmpi import run_openmpi
 
         plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
-        return run_openmpi(plan, OutputSink(cfg.prefix, cfg.output_dir), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
+        return run_openmpi(plan, make_sink(cfg, len(plan.procs)), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
     return run_job(cfg, source, shape, facts)
+
+
+def make_sink(cfg: LaunchConfig, size: int) -> OutputSink:
+    """The console and --output-dir writer of a job of `size` ranks: --prefix, --ranks, --fold."""
+    show = cfg.shown_ranks(size)
+    folder = None
+    if cfg.fold:
+        from trainrun.run.fold import Folder
+
+        folder = Folder(sorted(show) if show is not None else range(size))
+    return OutputSink(cfg.prefix, cfg.output_dir, show=show, folder=folder)
 
 
 def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
@@ -86,8 +98,8 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
             agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
                          heartbeat_timeout=cfg.heartbeat_timeout)
             groups.append(agent)
-        job = Job(plan, OutputSink(cfg.prefix, cfg.output_dir), groups, grace=cfg.grace,
-                  start_timeout=cfg.start_timeout)
+        job = Job(plan, make_sink(cfg, len(plan.procs)), groups, grace=cfg.grace,
+                  start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir)
         result = job.run()
     finally:
         for agent in agents.values():

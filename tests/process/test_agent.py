@@ -32,7 +32,7 @@ def run_with_agent(plan, agent, sink, grace=1, heartbeat_timeout=15.0):
 
 def run(code, tmp_path, np=4):
     a = assign_ranks([HostSpec("localhost", np // 2), HostSpec("far", np // 2)], np)
-    plan = build_plan(a, JobInfo("t", "127.0.0.1", 29555), (sys.executable, "-c", code), str(tmp_path), {})
+    plan = build_plan(a, JobInfo(os.urandom(4).hex(), "127.0.0.1", 29555), (sys.executable, "-c", code), str(tmp_path), {})
     out, err = open(tmp_path / "out", "wb+"), open(tmp_path / "err", "wb+")
     agent = local_agent("far")
     result = run_with_agent(plan, agent, OutputSink(out=out, err=err))
@@ -69,7 +69,7 @@ def test_mpi_world_spans_launcher_and_agent(tmp_path):
 
 
 def test_remote_failure_stops_everything(tmp_path):
-    code = ("import os, sys, time; r = int(os.environ['RANK']); open(os.environ['TRAINRUN_JOB_ID'] + str(r), 'w').write(str(os.getpid())); "
+    code = ("import os, sys, time; r = int(os.environ['RANK']); open('pid' + str(r), 'w').write(str(os.getpid())); "
             "time.sleep(0.3); print('bye', file=sys.stderr); sys.exit(7) if r == 3 else time.sleep(60)")
     t0 = time.monotonic()
     result, _, err, agent = run(code, tmp_path)
@@ -78,7 +78,7 @@ def test_remote_failure_stops_everything(tmp_path):
     assert result.failure.stderr_tail == ("bye",)
     assert agent.link.proc.returncode is not None  # the agent itself ended
     for r in range(4):
-        pid = int((tmp_path / f"t{r}").read_text())
+        pid = int((tmp_path / f"pid{r}").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
@@ -89,7 +89,7 @@ def test_a_silent_agent_is_lost_after_the_heartbeat_timeout(tmp_path):
     import threading
 
     a = assign_ranks([HostSpec("localhost", 1), HostSpec("far", 1)], 2)
-    plan = build_plan(a, JobInfo("t", "127.0.0.1", 29555), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
+    plan = build_plan(a, JobInfo(os.urandom(4).hex(), "127.0.0.1", 29555), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
     agent = local_agent("far")
     threading.Timer(1.0, os.kill, (agent.link.proc.pid, signal.SIGSTOP)).start()
     t0 = time.monotonic()
@@ -105,7 +105,7 @@ def test_a_silent_agent_is_lost_after_the_heartbeat_timeout(tmp_path):
 def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
     """Launcher cut off (no frames): the agent kills its ranks and exits after its patience."""
     a = assign_ranks([HostSpec("far", 1)], 1)
-    plan = build_plan(a, JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
+    plan = build_plan(a, JobInfo(os.urandom(4).hex(), "127.0.0.1", 1), (sys.executable, "-c", "import time; time.sleep(60)"), str(tmp_path), {})
     agent = local_agent("far")
     agent.link.write(wire.frame(wire.JOB, -1, AgentJob((plan.procs[0],), pmi=False, python="", patience=1.5).to_bytes()))
     assert agent.link.proc.wait(15) == 0  # no more frames from us: it ends by itself
@@ -122,7 +122,7 @@ def test_the_agent_removes_its_hosts_shm_segments(tmp_path):
     kvsname = shm.kvsname_for(f"agenttest{os.getpid()}")
     segment = f"/dev/shm/mpich_shm_{shm.world_id(kvsname):x}_1"
     code = f"open({segment!r}, 'w').write('left by a killed rank')"
-    plan = build_plan(assign_ranks([HostSpec("far", 1)], 1), JobInfo("t", "127.0.0.1", 1), (sys.executable, "-c", code),
+    plan = build_plan(assign_ranks([HostSpec("far", 1)], 1), JobInfo(os.urandom(4).hex(), "127.0.0.1", 1), (sys.executable, "-c", code),
                       str(tmp_path), {})
     agent = local_agent("far")
     agent.link.write(wire.frame(wire.JOB, -1, AgentJob((plan.procs[0],), pmi=True, python="", patience=60.0,

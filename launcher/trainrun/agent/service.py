@@ -1,12 +1,15 @@
 """The per-host agent (`python -m trainrun.agent`) that a fan-out engine starts on every remote host.
 
 It reports its host's facts (HELLO), waits for its share of the job (JOB), starts those ranks with
-the same LocalRanks the launcher uses for its own host, and relays their output, exits and PMI
-lines over stdout as frames (wire.py), taking SIGNAL/KILL/PMI frames on stdin.
+the same LocalRanks the launcher uses for its own host, and relays their output, exits (with the time
+and OOM verdict), PMI lines, runtime progress and stall notices over stdout as frames (wire.py), taking
+SIGNAL/KILL/PMI/DUMP frames on stdin. It answers each launcher BEAT at once with its own clock, so the
+launcher can put the exit times on its own clock.
 
 Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
-dropped) or SIGTERM arrives, the agent SIGKILLs every process group of its ranks and exits; if the agent itself is
-killed, its Watchdog does the same. When all its ranks have exited it exits 0.
+dropped) or SIGTERM arrives, the agent SIGKILLs every process group of its ranks and every process of the
+job on its host that left them (run/reaper.py), and exits; if the agent itself is killed, its Watchdog does
+the same. When all its ranks have exited it exits 0.
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import time
 from dataclasses import replace
 
 from trainrun.agent import wire
-from trainrun.agent.messages import AgentJob
+from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import TrainrunError
 from trainrun.facts.collect import launch_facts
+from trainrun.run.groups import ExitInfo
 from trainrun.run.local import LocalRanks
 from trainrun.run.watchdog import Watchdog
 
@@ -35,6 +39,7 @@ class Agent:
         self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
         self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
         self._last_heard = self._last_beat = time.monotonic()
+        self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
     def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -49,8 +54,9 @@ class Agent:
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
         self.send(wire.frame(wire.STREAM_KIND[stream], rank, data))
 
-    def on_exit(self, rank: int, returncode: int) -> None:
-        self.send(wire.frame(wire.EXIT, rank, str(returncode).encode()))
+    def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
+        report = ExitReport(returncode, info.at if info else time.time(), info.oom if info else None)
+        self.send(wire.frame(wire.EXIT, rank, report.to_bytes()))
 
     def on_pmi(self, rank: int, data: bytes) -> None:
         self.send(wire.frame(wire.PMI, rank, data))
@@ -60,6 +66,15 @@ class Agent:
 
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         """Not reported by LocalRanks (start-up errors are raised, then sent as FATAL)."""
+
+    def on_progress(self, rank: int) -> None:
+        self.send(wire.frame(wire.PROGRESS, rank))
+
+    def on_stall(self, rank: int) -> None:
+        self.send(wire.frame(wire.STALL, rank))
+
+    def on_stacks(self, request: int, stacks: list) -> None:
+        self.send(wire.frame(wire.STACKS, -1, DumpReply(request, tuple(stacks)).to_bytes()))
 
     def _on_stdin(self, watchdog: Watchdog) -> None:
         data = os.read(self.in_fd, 1 << 16)
@@ -76,6 +91,14 @@ class Agent:
                 self.ranks.kill()
             elif kind == wire.PMI and self.ranks:
                 self.ranks.pmi_send(rank, payload)
+            elif kind == wire.DUMP:
+                req = DumpRequest.from_bytes(payload)
+                if self.ranks:
+                    self.ranks.dump(req.request, req.py_spy)
+                else:
+                    self.on_stacks(req.request, [])
+            elif kind == wire.BEAT and (beat := Beat.from_bytes(payload)) is not None:
+                self.send(wire.frame(wire.BEAT, -1, Beat(time.time(), beat.t).to_bytes()))  # for the clock offset
 
     def _start(self, job: AgentJob, watchdog: Watchdog) -> None:
         self.patience = job.patience
@@ -101,12 +124,14 @@ class Agent:
         self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))
         try:
             while not self.done:
-                for key, _ in self.sel.select(0.05):
+                ready = self.sel.select(0.05)
+                self.batch_time = time.time()
+                for key, _ in ready:
                     key.data()
                 now = time.monotonic()
                 if now - self._last_beat >= wire.HEARTBEAT_EVERY:
                     self._last_beat = now
-                    self.send(wire.frame(wire.BEAT))
+                    self.send(wire.frame(wire.BEAT, -1, Beat(time.time()).to_bytes()))
                 if now - self._last_heard > self.patience:
                     sys.stderr.write(f"trainrun agent: no word from the launcher for {now - self._last_heard:.0f}s; killing the ranks\n")
                     break

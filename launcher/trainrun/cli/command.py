@@ -19,6 +19,7 @@ Examples:
   trainrun --config run.yaml train.py         options from YAML; flags override
   salloc -N3 trainrun train.py                inside Slurm: hosts, slots and -np from the allocation, via srun
   trainrun --sbatch -N 3 --time=10 --wait train.py    submit as a batch job and follow it
+  kill -USR1 <trainrun pid>                   print every rank's Python stack; the job goes on
 
 Everything after the program is passed to it untouched (also -np, -H, ...).
 """
@@ -86,7 +87,11 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--bind-to", type=click.Choice(["none", "core"]), default="none", show_default=True, help="Pin each local rank to a CPU core.")
 @click.option("-x", "--export", multiple=True, metavar="NAME[=VALUE]", help="Export a variable to every rank (repeatable).")
 @click.option("--prefix", type=click.Choice(["rank", "timestamp", "none"]), default="rank", show_default=True, help="Prefix of each output line.")
-@click.option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N/stdout|stderr.")
+@click.option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N/stdout|stderr (and stack dumps).")
+@click.option("--fold", is_flag=True, help="Print identical lines of many ranks once, prefixed with the rank set ([0-7,9]); \\r progress bars as one line per rank set every few seconds.")
+@click.option("--ranks", "show_ranks", metavar="RANKS", help="Show only these ranks' output (e.g. 0,3 or 0-3,8); --output-dir still gets every rank's.")
+@click.option("--hang-timeout", type=click.FloatRange(min=0, min_open=True), metavar="S",
+              help="No output and no runtime progress from any rank for S seconds: print every rank's stack and end the job (exit 124).")
 @click.option("--grace", type=click.FloatRange(min=0), default=3.0, show_default=True, help="Seconds between SIGTERM and SIGKILL at teardown.")
 @click.option("--mpi", type=click.Choice(["mpich", "openmpi", "none"]), default="mpich", show_default=True,
               help="mpich: trainrun serves the MPI world (PMI-1); openmpi: run through Open MPI's mpirun; none: no MPI world.")

@@ -28,6 +28,9 @@ class LaunchConfig:
     export: tuple[str, ...] = ()
     prefix: str = "rank"
     output_dir: str | None = None
+    fold: bool = False
+    show_ranks: str | None = None
+    hang_timeout: float | None = None
     grace: float = 3.0
     mpi: str = "mpich"
     start_timeout: float = 120.0
@@ -53,6 +56,22 @@ class LaunchConfig:
             raise UsageError("-H and --hostfile both given; use one of them")
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
+        if self.show_ranks is not None:
+            self.shown_ranks()
+
+    def shown_ranks(self, size: int | None = None) -> frozenset[int] | None:
+        """--ranks as a set (None: every rank); UsageError if it is not a rank list or names a rank >= size."""
+        if self.show_ranks is None:
+            return None
+        from trainrun.rankset import format_ranks, parse_ranks
+
+        try:
+            ranks = parse_ranks(self.show_ranks)
+        except ValueError as err:
+            raise UsageError(f"--ranks {self.show_ranks}: {err}") from None
+        if size is not None and (beyond := [r for r in ranks if r >= size]):
+            raise UsageError(f"--ranks {self.show_ranks}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
+        return ranks
 
     def host_specs(self) -> list[HostSpec]:
         """The hosts of -H or --hostfile; without either, this machine with -np slots (UsageError without -np:

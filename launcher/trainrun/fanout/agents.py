@@ -5,6 +5,10 @@ AgentRanks is a RankGroup (run/groups.py), so the Job treats a remote host exact
 States: opened (HELLO read: host facts known) -> assigned (its specs) -> started (JOB sent) -> done
 (every rank reported, or the channel ended, or the agent was silent for `heartbeat_timeout` s, or the
 launcher gave up on it after SIGKILL: every unreported rank is then reported lost).
+
+The agent's clock: every BEAT we send carries our clock and the agent echoes it at once with its own;
+`clock` (clock.py) keeps the offset, and the exit times the agent reports are put on our clock with it
+before they reach the Job, so failures on different hosts can be ordered.
 """
 from __future__ import annotations
 
@@ -15,16 +19,18 @@ from dataclasses import replace
 
 from trainrun import log
 from trainrun.agent import wire
-from trainrun.agent.messages import AgentJob
+from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import HostError, HostsError
 from trainrun.facts.model import HostFacts
 from trainrun.fanout.base import AgentLink, FanoutEngine
+from trainrun.fanout.clock import ClockOffset
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run.groups import RankEvents
+from trainrun.run.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
 AGENT_PATIENCE = 4  # x heartbeat_timeout: how long an agent waits for a silent launcher
+FIRST_BEATS_EVERY, FIRST_BEATS_FOR = 0.2, 3.0  # seconds: more clock samples while the job starts
 
 
 class AgentRanks:
@@ -41,6 +47,8 @@ class AgentRanks:
         self._ended = False
         self.heartbeat_timeout = 15.0
         self._last_heard = self._last_beat = time.monotonic()
+        self.clock = ClockOffset()
+        self._started = time.monotonic()
 
     def assign(self, specs: list[ProcessSpec], *, pmi: bool, python: str, env: dict[str, str],
                heartbeat_timeout: float = 15.0) -> None:
@@ -61,8 +69,9 @@ class AgentRanks:
 
     def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
         self.events = events
-        self._last_heard = time.monotonic()
+        self._last_heard = self._started = time.monotonic()
         self.link.write(wire.frame(wire.JOB, -1, self._job.to_bytes()))
+        self._beat()  # a first clock sample before any rank can fail
         sel.register(self.link.fileno(), selectors.EVENT_READ, lambda: self._on_readable(sel))
 
     def _on_readable(self, sel) -> None:
@@ -92,7 +101,9 @@ class AgentRanks:
             self.events.on_output(rank, wire.KIND_STREAM[kind], payload)
         elif kind == wire.EXIT:
             self._pending.discard(rank)
-            self.events.on_exit(rank, int(payload))
+            report = ExitReport.from_bytes(payload)
+            info = None if report.at is None else ExitInfo(self.clock.to_launcher(report.at), report.oom, self.clock.error or 0.0)
+            self.events.on_exit(rank, report.returncode, info)
         elif kind == wire.PMI:
             self.events.on_pmi(rank, payload)
         elif kind == wire.FATAL:
@@ -100,6 +111,17 @@ class AgentRanks:
             self.events.on_host_failed(self.host, message, int(code))
         elif kind == wire.STARTED:
             log.info("%s: ranks started, pids %s", self.host, json.loads(payload))
+        elif kind == wire.BEAT:
+            beat = Beat.from_bytes(payload)
+            if beat is not None and beat.echo is not None:
+                self.clock.add(beat.echo, beat.t, time.time())
+        elif kind == wire.PROGRESS:
+            self.events.on_progress(rank)
+        elif kind == wire.STALL:
+            self.events.on_stall(rank)
+        elif kind == wire.STACKS:
+            reply = DumpReply.from_bytes(payload)
+            self.events.on_stacks(reply.request, list(reply.stacks))
 
     @property
     def running(self) -> int:
@@ -109,13 +131,21 @@ class AgentRanks:
         """Heartbeats: send ours; a host silent for heartbeat_timeout is lost (hung, paused, cut off)."""
         if not self._pending:
             return
-        if now - self._last_beat >= wire.HEARTBEAT_EVERY:
-            self._last_beat = now
-            self.link.write(wire.frame(wire.BEAT))
+        # beats come often at first: the clock offset's best sample is the one with the shortest round trip
+        every = FIRST_BEATS_EVERY if now - self._started < FIRST_BEATS_FOR else wire.HEARTBEAT_EVERY
+        if now - self._last_beat >= every:
+            self._beat()
         silent = now - self._last_heard
         if silent > self.heartbeat_timeout:
             self._lose(f"no word from the agent on {self.host} for {silent:.0f}s (host hung or unreachable; "
                        "--heartbeat-timeout)")
+
+    def _beat(self) -> None:
+        self._last_beat = time.monotonic()
+        self.link.write(wire.frame(wire.BEAT, -1, Beat(time.time()).to_bytes()))
+
+    def dump(self, request: int, use_py_spy: bool) -> None:
+        self.link.write(wire.frame(wire.DUMP, -1, DumpRequest(request, use_py_spy).to_bytes()))
 
     def abandon(self) -> None:
         """Stop waiting for this host (after SIGKILL went unanswered)."""
@@ -136,6 +166,8 @@ class AgentRanks:
 
     def close(self, sel) -> None:
         """End the channel's input: the agent kills whatever is left and exits (see wait_closed)."""
+        if self.clock.error is not None:
+            log.info("%s: clock offset %+.1f ms (+- %.1f ms)", self.host, 1000 * self.clock.offset, 1000 * self.clock.error)
         try:
             sel.unregister(self.link.fileno())
         except (KeyError, ValueError):

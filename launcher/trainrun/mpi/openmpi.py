@@ -90,6 +90,12 @@ class RetaggingSink:
     def stderr_tail(self, _rank: int) -> list[str]:
         return []
 
+    def write_raw(self, stream: int, data: bytes) -> None:
+        self.sink.write_raw(stream, data)
+
+    def tick(self) -> None:
+        self.sink.tick()
+
     def close(self) -> None:
         self.sink.close()
 

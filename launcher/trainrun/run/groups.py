@@ -8,6 +8,7 @@ MPI's mpirun). The Job (job.py) drives every group the same way from one selecto
     tick(now)                      periodic work (heartbeats, late exit reports)
     signal(sig) / kill()           SIGTERM-style stop / SIGKILL of everything the group started
     pmi_send(rank, data)           bytes for a rank's PMI socket
+    dump(request, use_py_spy)      take the Python stacks of its running ranks; answer with on_stacks
     abandon()                      stop waiting (after SIGKILL went unanswered): report the rest lost
     close(sel) / wait_closed()     release every resource; after both, nothing of the group runs
     running                        how many of its ranks have not been reported ended
@@ -20,18 +21,34 @@ ranks with 255), and after `kill()` + `close()` + `wait_closed()` no process of 
 from __future__ import annotations
 
 import selectors
-from typing import Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from trainrun.plan.spec import ProcessSpec
 from trainrun.run.watchdog import Watchdog
 
+if TYPE_CHECKING:
+    from trainrun.diag.stacks import RankStack
+
+
+class ExitInfo(NamedTuple):
+    """When and how a rank ended, as its host saw it. `at`: wall-clock seconds on the *launcher's*
+    clock (an agent's time is corrected by AgentRanks, to within `error` seconds); `oom`: why it looks
+    like an OOM kill, or None."""
+
+    at: float
+    oom: str | None = None
+    error: float = 0.0
+
 
 class RankEvents(Protocol):
+    batch_time: float  # time.time() when the owner's loop woke for the events it is dispatching: when
+    #                    a rank's exit was seen (callbacks of one wake-up run one after another)
+
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
         """Bytes a rank wrote (stream 1 stdout, 2 stderr); b"" marks the end of that stream."""
 
-    def on_exit(self, rank: int, returncode: int) -> None:
-        """A rank ended (negative: killed by that signal; 255: its host was lost)."""
+    def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
+        """A rank ended (negative: killed by that signal; 255: its host was lost); `info`: when, and OOM."""
 
     def on_pmi(self, rank: int, data: bytes) -> None:
         """Bytes a rank wrote on its PMI socket."""
@@ -41,6 +58,15 @@ class RankEvents(Protocol):
 
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         """A host could not do its part (e.g. a program did not start there)."""
+
+    def on_progress(self, rank: int) -> None:
+        """The rank's runtime made progress (collectives completed): it is not hung."""
+
+    def on_stall(self, rank: int) -> None:
+        """The rank's runtime raised a StallError: it asks for every rank's stack."""
+
+    def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
+        """The answer to dump(request): the stacks of the group's running ranks."""
 
 
 class RankGroup(Protocol):
@@ -53,6 +79,7 @@ class RankGroup(Protocol):
     def signal(self, sig: int) -> None: ...
     def kill(self) -> None: ...
     def pmi_send(self, rank: int, data: bytes) -> None: ...
+    def dump(self, request: int, use_py_spy: bool) -> None: ...
     def abandon(self) -> None: ...
     def close(self, sel: selectors.BaseSelector) -> None: ...
     def wait_closed(self) -> None: ...

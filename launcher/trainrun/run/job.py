@@ -1,16 +1,22 @@
 """Job: run a LaunchPlan's rank groups to the end: start them, stream output, fail fast, forward
-signals, clean up.
+signals, take stacks, clean up.
 
 States: starting -> running -> stopping (first failure or a signal: SIGTERM to every rank, then SIGKILL
 after `grace` seconds) -> done (every rank reported). A second Ctrl-C skips the grace period. When
-the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included), and a
-watchdog does the same if the launcher itself is killed.
+the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and
+processes of the job that left their groups), and a watchdog does the same if the launcher is killed.
 
-The exit code is the first failing rank's (128+N if signal N killed it); 128+N if the launcher was
-interrupted by signal N with no rank failing first; else 0.
+Stacks: SIGUSR1 to the launcher, a rank's StallError, or `hang_timeout` seconds without output, PMI
+traffic or runtime progress from any rank make every group take its running ranks' stacks (dump());
+they are printed grouped by identical stack (diag/report.py) and written to `output_dir`. The job goes
+on, except after a hang timeout: then it fails with exit code 124.
+
+The exit code is the first failing rank's by time across hosts (128+N if signal N killed it, result.py);
+128+N if the launcher was interrupted by signal N with no rank failing first; else 0.
 """
 from __future__ import annotations
 
+import os
 import selectors
 import signal
 import socket
@@ -19,15 +25,26 @@ from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
+from trainrun.run.groups import ExitInfo
 from trainrun.run.output import OutputSink
-from trainrun.run.result import Failure, JobResult, exit_code_of, signame
+from trainrun.run.result import Failure, JobResult, exit_code_of, settle, signame
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
+    from trainrun.diag.stacks import RankStack
     from trainrun.run.groups import RankGroup
 
 TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
+DUMP_WAIT = 15.0  # seconds for every host's stacks before printing those that came
+HANG_EXIT = 124  # as timeout(1)
+
+
+class _Dump:
+    def __init__(self, reason: str, waiting: set[int], running: list[int], then_fail: bool):
+        self.reason, self.waiting, self.running, self.then_fail = reason, waiting, running, then_fail
+        self.stacks: list[RankStack] = []
+        self.deadline = time.monotonic() + DUMP_WAIT
 
 
 class Job:
@@ -35,7 +52,7 @@ class Job:
     rank has been reported; the RankEvents sink of all of them."""
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink, groups: list[RankGroup], *, grace: float = 3.0,
-                 start_timeout: float = 120.0):
+                 start_timeout: float = 120.0, hang_timeout: float | None = None, output_dir: str | None = None):
         """`groups` must together hold every rank of `plan` exactly once."""
         self.plan = plan
         self.sink = sink
@@ -43,38 +60,61 @@ class Job:
         self.groups = groups
         self.result = JobResult()
         self.start_timeout = start_timeout
+        self.hang_timeout = hang_timeout
+        self.output_dir = output_dir
         self.world = None  # the MpiWorld, made when the first rank speaks PMI (programs without MPI never pay)
         self._stop_deadline: float | None = None
         self._kill_deadline: float | None = None
+        self._stopped_at: float | None = None  # wall clock, for ordering failures
+        self._killed_at: float | None = None   # wall clock of our first SIGKILL
+        self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
+        self._failures: list[Failure] = []
         self._specs = {p.rank: p for p in plan.procs}
         self._group_of = {s.rank: g for g in groups for s in g.specs}
+        self._last_activity = time.monotonic()
+        self._dumps: dict[int, _Dump] = {}
+        self._dump_seq = 0
+        self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
+        self._stop_after_dump = False
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
         return f"rank {rank} on {a.host} (local rank {a.local_rank})"
 
-    def fail(self, exit_code: int, what: str, rank: int | None = None) -> None:
-        """Record the job's first failure and stop everything; later failures are consequences."""
-        if self.result.failure is None and self._stop_deadline is None:
-            tail = tuple(self.sink.stderr_tail(rank)) if rank is not None else ()
-            self.result.failure = Failure(exit_code, what, rank, tail)
+    def fail(self, exit_code: int, what: str, rank: int | None = None, at: float | None = None,
+             oom: str | None = None) -> None:
+        """Record a failure and stop everything. Which failure was first is settled by time at the end;
+        the exit code is set now so that an interrupted teardown still reports one."""
+        tail = tuple(self.sink.stderr_tail(rank)) if rank is not None else ()
+        self._failures.append(Failure(exit_code, what, rank, tail, time.time() if at is None else at, oom))
+        if self.result.failure is None and self._stopped_at is None:
+            self.result.failure = self._failures[-1]
             self.result.exit_code = exit_code
         self.stop()
 
     # RankEvents, called from the loop
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
+        self._last_activity = time.monotonic()
         self.sink.feed(rank, stream, data)
         if self.sink.broken and self.result.interrupted_by is None:
             self._on_signal(signal.SIGPIPE)  # nobody reads our output any more: end the job as SIGPIPE would
 
-    def on_exit(self, rank: int, returncode: int) -> None:
+    def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
         self.result.returncodes[rank] = returncode
         log.info("rank %d exited with %d", rank, returncode)
-        if returncode != 0:
-            how = f"exited with code {returncode}" if returncode > 0 else f"was killed by {signame(-returncode)}"
-            self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank)
+        if returncode == 0:
+            return
+        ours = {-signal.SIGTERM: self._stopped_at, -signal.SIGKILL: self._killed_at}.get(returncode)
+        if ours is not None and (info is None or info.at + info.error >= ours):
+            return  # stopped by us (a rank killed before we sent that signal is a failure, reported late)
+        how = f"exited with code {returncode}" if returncode > 0 else f"was killed by {signame(-returncode)}"
+        oom = info.oom if info else None
+        if oom:
+            how += " (out of memory)" if oom.startswith("out of memory") else " (probably out of memory)"
+        self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, info.at if info else None, oom)
 
     def on_pmi(self, rank: int, data: bytes) -> None:
+        self._last_activity = time.monotonic()
         if self.world is None:
             from trainrun.mpi.world import MpiWorld
 
@@ -91,23 +131,65 @@ class Job:
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         self.fail(exit_code, f"{host}: {message}")
 
-    def stop(self) -> None:
-        """Begin teardown: SIGTERM to every rank now, SIGKILL after the grace period."""
-        if self._stop_deadline is not None:
-            return
-        log.info("stopping all ranks (grace %.1fs)", self.grace)
-        self._stop_deadline = time.monotonic() + self.grace
-        for g in self.groups:
-            g.signal(signal.SIGTERM)
+    def on_progress(self, rank: int) -> None:
+        self._last_activity = time.monotonic()
 
-    def _kill(self, wait: float = KILL_WAIT) -> None:
-        """SIGKILL everything; hosts that have not reported `wait` seconds later are given up on."""
-        deadline = time.monotonic() + wait
-        self._kill_deadline = min(deadline, self._kill_deadline or deadline)
-        for g in self.groups:
-            g.kill()
+    def on_stall(self, rank: int) -> None:
+        log.info("rank %d raised a StallError: taking every rank's stack", rank)
+        if not self._dumps and self._stopped_at is None:
+            self.dump(f"rank {rank} raised a StallError")
+
+    def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
+        seq, group = self._requests.pop(request, (None, None))
+        d = self._dumps.get(seq)
+        if d is None:
+            return  # too late: printed without them
+        d.stacks += stacks
+        d.waiting.discard(group)
+
+    # stacks
+    def dump(self, reason: str, then_fail: bool = False) -> None:
+        """Ask every group with running ranks for their stacks; printed when all have answered."""
+        self._dump_seq += 1
+        live = [i for i, g in enumerate(self.groups) if g.running]
+        running = sorted(s.rank for i in live for s in self.groups[i].specs if s.rank not in self.result.returncodes)
+        self._dumps[self._dump_seq] = _Dump(reason, set(live), running, then_fail)
+        use_py_spy = os.environ.get("TRAINRUN_PY_SPY", "1").lower() not in ("0", "off", "no")
+        for i in live:
+            request = len(self._requests) + 1000 * self._dump_seq
+            self._requests[request] = (self._dump_seq, i)
+            self.groups[i].dump(request, use_py_spy)
+        log.info("stack dump %d (%s) asked of %d group(s)", self._dump_seq, reason, len(live))
+
+    def _check_dumps(self, now: float, final: bool = False) -> None:
+        """Print the dumps every group has answered (or whose time is up; all of them if `final`)."""
+        for seq, d in list(self._dumps.items()):
+            if d.waiting and now < d.deadline and not final:
+                continue
+            del self._dumps[seq]
+            from trainrun.diag.report import render, write_dumps
+
+            got = {s.rank for s in d.stacks}
+            stacks = sorted(d.stacks, key=lambda s: s.rank)
+            text = render(stacks, d.reason, [r for r in d.running if r not in got])
+            if self.output_dir:
+                try:
+                    write_dumps(self.output_dir, stacks, seq)
+                    text += f"trainrun: full dumps in {self.output_dir}/rank.N/stacks.{seq}.txt\n"
+                except OSError as err:
+                    text += f"trainrun: cannot write the dumps to {self.output_dir}: {err.strerror}\n"
+            self.sink.write_raw(2, text.encode())
+            if d.then_fail and not final:
+                self.fail(HANG_EXIT, f"no output and no runtime progress from any rank for {self.hang_timeout:g}s "
+                                     "(--hang-timeout); stacks above")
+        if not self._dumps and self._stop_after_dump:
+            self._stop_after_dump = False
+            self._send_stop()
 
     def _on_signal(self, sig: int) -> None:
+        if sig == signal.SIGUSR1:
+            self.dump("SIGUSR1")
+            return
         if self.result.interrupted_by is not None and sig == signal.SIGINT:
             log.info("second interrupt: killing now")
             self._kill(wait=1.0)
@@ -118,12 +200,49 @@ class Job:
                 self.result.exit_code = 128 + sig
         self.stop()
 
+    def stop(self) -> None:
+        """Begin teardown: SIGTERM to every rank now (or once a stack dump in progress is complete: the
+        stacks of a failing job are the ones wanted), SIGKILL after the grace period."""
+        if self._stopped_at is not None:
+            return
+        self._stopped_at = time.time()
+        if self._dumps:
+            log.info("stopping all ranks once the stacks are taken")
+            self._stop_after_dump = True
+            return
+        self._send_stop()
+
+    def _send_stop(self) -> None:
+        log.info("stopping all ranks (grace %.1fs)", self.grace)
+        self._stop_deadline = time.monotonic() + self.grace
+        for g in self.groups:
+            g.signal(signal.SIGTERM)
+
+    def _kill(self, wait: float = KILL_WAIT) -> None:
+        """SIGKILL everything; hosts that have not reported `wait` seconds later are given up on."""
+        deadline = time.monotonic() + wait
+        self._kill_deadline = min(deadline, self._kill_deadline or deadline)
+        self._killed_at = self._killed_at or time.time()
+        for g in self.groups:
+            g.kill()
+
+    def _settle(self) -> None:
+        """The first failure by time, and its exit code; the rest as consequences."""
+        first, later = settle(self._failures, self._stopped_at, self.result.failure)
+        if first is None:
+            return
+        # the tails are complete now that every stream has ended
+        fresh = lambda f: f if f.rank is None else Failure(f.exit_code, f.what, f.rank, tuple(self.sink.stderr_tail(f.rank)), f.at, f.oom)  # noqa: E731
+        self.result.failure = fresh(first)
+        self.result.consequences = [fresh(f) for f in later]
+        self.result.exit_code = first.exit_code
+
     def run(self) -> JobResult:
         sel = selectors.DefaultSelector()
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
-        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
         old_handlers = {s: signal.signal(s, lambda *_: None) for s in caught}
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
         sel.register(wake_r, selectors.EVENT_READ, lambda: [self._on_signal(b) for b in wake_r.recv(64)])
@@ -131,14 +250,24 @@ class Job:
         try:
             for g in self.groups:
                 g.start(sel, watchdog, self)
+            self._last_activity = time.monotonic()
             while any(g.running for g in self.groups):
-                for key, _ in sel.select(TICK):
+                ready = sel.select(TICK)
+                self.batch_time = time.time()
+                for key, _ in ready:
                     key.data()
                 now = time.monotonic()
                 for g in self.groups:
                     g.tick(now)
+                self.sink.tick()
+                if self._dumps:
+                    self._check_dumps(now)
                 if self.world is not None and (problem := self.world.check_start(now)):
                     self.fail(problem.exit_code, f"MPI world incomplete: {problem.message}")
+                if (self.hang_timeout and self._stopped_at is None and not self._dumps
+                        and now - self._last_activity > self.hang_timeout):
+                    log.info("no activity for %.0fs: taking stacks, then ending the job", now - self._last_activity)
+                    self.dump(f"no output or progress for {self.hang_timeout:g}s", then_fail=True)
                 if self._stop_deadline is not None and self._kill_deadline is None and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()
@@ -146,6 +275,8 @@ class Job:
                     for g in self.groups:
                         g.abandon()
         finally:
+            if self._dumps:  # every rank ended meanwhile: show what came
+                self._check_dumps(time.monotonic(), final=True)
             self._kill()  # leftovers: children of ranks, ranks never reported
             for g in self.groups:
                 g.close(sel)
@@ -155,6 +286,7 @@ class Job:
             if self.world is not None:
                 self.world.cleanup()
             self.sink.close()
+            self._settle()
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():
                 signal.signal(s, h)

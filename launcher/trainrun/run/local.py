@@ -5,8 +5,15 @@ every remote host, so local and remote ranks behave the same. Each rank runs in 
 stdout/stderr are pipes, its exit is watched with a pidfd, and, when the MPI world is on, it gets a
 PMI-1 socket (PMI_FD). Everything is reported to the `RankEvents` sink given to `start` from the owner's selector loop.
 
+Each rank also gets a *diag pipe* (TRAINRUN_DIAG_FD, see diag/rankhook.py): its runtime announces its
+faulthandler file there and reports progress and stalls. `dump()` takes the running ranks' stacks in a
+thread (py-spy or that faulthandler, diag/stacks.py) and reports them from the loop. Exits are reported
+with the wall-clock time they were reaped and, for a SIGKILL, the OOM verdict (oom.py).
+
 Cleanup contract: `signal()` reaches each live rank's whole process group; `kill()` SIGKILLs every
-group the ranks ever had (grandchildren included); the Watchdog does the same if the owner dies.
+group the ranks ever had (grandchildren included), then every process of the job on this host that
+left them (setsid and the like: found by the job's mark in their environment, reaper.py) until none is
+left; the Watchdog does the same if the owner dies.
 """
 from __future__ import annotations
 
@@ -15,14 +22,20 @@ import selectors
 import signal
 import socket
 import subprocess
+import threading
 import time
 from typing import TYPE_CHECKING
 
+from trainrun import log
 from trainrun.errors import ProgramError
 from trainrun.plan.spec import ProcessSpec
+from trainrun.run import reaper
+from trainrun.run.groups import ExitInfo
+from trainrun.run.oom import OomWatch
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
+    from trainrun.diag.stacks import HookInfo
     from trainrun.run.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -49,12 +62,15 @@ def host_env(spec: ProcessSpec, base: dict[str, str], cpus: int) -> dict[str, st
 
 
 class _Rank:
-    def __init__(self, spec: ProcessSpec, proc: subprocess.Popen, pidfd: int, pmi: socket.socket | None):
-        self.spec, self.proc, self.pidfd, self.pmi = spec, proc, pidfd, pmi
+    def __init__(self, spec: ProcessSpec, proc: subprocess.Popen, pidfd: int, pmi: socket.socket | None, diag: int):
+        self.spec, self.proc, self.pidfd, self.pmi, self.diag = spec, proc, pidfd, pmi, diag
         self.open_streams = 2
         self.returncode: int | None = None
         self.exit_deadline = 0.0
+        self.exit_info: ExitInfo | None = None
         self.reported = False
+        self.hook: HookInfo | None = None  # what its runtime announced on the diag pipe
+        self.diag_buf = b""
 
 
 class LocalRanks:
@@ -67,10 +83,23 @@ class LocalRanks:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.ranks: dict[int, _Rank] = {}
         self._pgids: list[int] = []
+        # the job's mark on this host (reaper.py): TRAINRUN_JOB_ID and the host names of these ranks
+        self._job_id = next((p.env["TRAINRUN_JOB_ID"] for p in procs if "TRAINRUN_JOB_ID" in p.env), None)
+        self._hosts = sorted({p.env.get("TRAINRUN_HOSTNAME", p.host) for p in procs})
+        self._oom: OomWatch | None = None
+        self._dumps: list[tuple[int, list]] = []  # finished dumps, handed from their thread to the loop
+        self._dump_lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None
 
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
         self.events = events
+        self._oom = OomWatch()
+        self._wake = os.pipe()
+        os.set_blocking(self._wake[0], False)
+        sel.register(self._wake[0], selectors.EVENT_READ, self._on_dump_done)
+        if self._job_id:
+            watchdog.mark(self._job_id, self._hosts)
         cores = core_sets()
         for spec in self.specs:
             if not os.path.isdir(spec.cwd):
@@ -92,6 +121,10 @@ class LocalRanks:
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
             env.update(socket_env(spec.rank, spec.assignment.size, child_sock.fileno()))
+        diag_r, diag_w = os.pipe()  # the rank's diag pipe (diag/rankhook.py): FD:INODE tells it from a reused fd
+        os.set_blocking(diag_r, False)
+        pass_fds += (diag_w,)
+        env["TRAINRUN_DIAG_FD"] = f"{diag_w}:{os.fstat(diag_w).st_ino}"
         preexec = None
         if spec.bind_to == "core" and cores:
             cpus = cores[spec.assignment.local_rank % len(cores)]
@@ -101,13 +134,19 @@ class LocalRanks:
                 spec.argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec,
             )
+        except OSError:
+            os.close(diag_r)
+            raise
         finally:
             if child_sock is not None:
                 child_sock.close()
+            os.close(diag_w)
         watchdog.add(proc.pid)
         self._pgids.append(proc.pid)
-        rank = _Rank(spec, proc, os.pidfd_open(proc.pid), parent_sock)
+        self._oom.watch(proc.pid)
+        rank = _Rank(spec, proc, os.pidfd_open(proc.pid), parent_sock, diag_r)
         self.ranks[spec.rank] = rank
+        sel.register(diag_r, selectors.EVENT_READ, lambda: self._read_diag(rank, sel))
         sel.register(proc.stdout, selectors.EVENT_READ, lambda: self._read(rank, 1, proc.stdout, sel))
         sel.register(proc.stderr, selectors.EVENT_READ, lambda: self._read(rank, 2, proc.stderr, sel))
         sel.register(rank.pidfd, selectors.EVENT_READ, lambda: self._reap(rank, sel))
@@ -133,6 +172,57 @@ class LocalRanks:
         else:
             sel.unregister(rank.pmi)
 
+    def _read_diag(self, rank: _Rank, sel) -> None:
+        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, stall."""
+        try:
+            data = os.read(rank.diag, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            _close_quietly(sel, rank.diag)
+            rank.diag = None
+            return
+        *lines, rank.diag_buf = (rank.diag_buf + data).split(b"\n")
+        for line in lines:
+            word, _, rest = line.decode(errors="replace").partition(" ")
+            if word == "hook":
+                from trainrun.diag.stacks import HookInfo
+
+                pid, ident, path = rest.split(" ", 2)
+                rank.hook = HookInfo(int(pid), int(ident), path)
+            elif word == "progress":
+                self.events.on_progress(rank.spec.rank)
+            elif word == "stall":
+                self.events.on_stall(rank.spec.rank)
+
+    def dump(self, request: int, use_py_spy: bool) -> None:
+        """Take the stacks of the running ranks in a thread; reported through on_stacks from the loop."""
+        from trainrun.diag.stacks import Target, find_py_spy, take_stacks
+
+        targets = [Target(r.spec.rank, r.spec.host, r.proc.pid, r.hook) for r in self.ranks.values() if r.returncode is None]
+        py_spy = find_py_spy() if use_py_spy else None
+
+        def work():
+            stacks = take_stacks(targets, py_spy) if targets else []
+            with self._dump_lock:  # under the lock: close() cannot close the wake pipe meanwhile
+                self._dumps.append((request, stacks))
+                if self._wake is not None:
+                    os.write(self._wake[1], b"x")
+
+        threading.Thread(target=work, name=f"trainrun-dump-{request}", daemon=True).start()
+
+    def _on_dump_done(self) -> None:
+        try:
+            os.read(self._wake[0], 64)
+        except OSError:
+            pass
+        with self._dump_lock:
+            done, self._dumps = self._dumps, []
+        for request, stacks in done:
+            self.events.on_stacks(request, stacks)
+
     def pmi_send(self, rank: int, data: bytes) -> None:
         sock = self.ranks[rank].pmi
         try:
@@ -144,6 +234,8 @@ class LocalRanks:
         sel.unregister(rank.pidfd)
         os.close(rank.pidfd)
         rank.returncode = rank.proc.wait()
+        oom = self._oom.verdict(rank.proc.pid) if rank.returncode == -signal.SIGKILL else None
+        rank.exit_info = ExitInfo(getattr(self.events, "batch_time", None) or time.time(), oom)
         rank.exit_deadline = time.monotonic() + EXIT_LINGER
         self._maybe_report(rank)
 
@@ -153,7 +245,7 @@ class LocalRanks:
         if rank.open_streams and (now is None or now < rank.exit_deadline):
             return
         rank.reported = True
-        self.events.on_exit(rank.spec.rank, rank.returncode)
+        self.events.on_exit(rank.spec.rank, rank.returncode, rank.exit_info)
 
     def tick(self, now: float) -> None:
         """Report exits whose pipes are still held open by a rank's children after EXIT_LINGER."""
@@ -171,18 +263,36 @@ class LocalRanks:
                 _killpg(rank.proc.pid, sig)
 
     def kill(self) -> None:
-        """SIGKILL every process group the ranks had: nothing of the job survives."""
+        """SIGKILL every process group the ranks had, then every process of the job on this host that left
+        them, until none is left: nothing of the job survives."""
         for pgid in self._pgids:
             _killpg(pgid, signal.SIGKILL)
+        if self._job_id and self._pgids:
+            left = reaper.sweep(self._job_id, self._hosts)
+            if left:
+                log.warning("%d process(es) of job %s on %s survived SIGKILL: %s", len(left), self._job_id,
+                            ",".join(self._hosts), left)
 
     def close(self, sel: selectors.BaseSelector) -> None:
         """Release pipes and sockets (after kill); reaps ranks that were never reaped."""
         for rank in self.ranks.values():
-            for f in (rank.proc.stdout, rank.proc.stderr, rank.pmi):
+            for f in (rank.proc.stdout, rank.proc.stderr, rank.pmi, rank.diag):
                 _close_quietly(sel, f)
             if rank.returncode is None:
                 _close_quietly(sel, rank.pidfd)
                 rank.returncode = rank.proc.wait()
+            if rank.hook is not None:  # the rank's faulthandler file, if it could not remove it itself
+                try:
+                    os.unlink(rank.hook.path)
+                except OSError:
+                    pass
+        with self._dump_lock:
+            if self._wake is not None:
+                _close_quietly(sel, self._wake[0])
+                os.close(self._wake[1])
+                self._wake = None
+        if self._oom is not None:
+            self._oom.close()
 
     def wait_closed(self) -> None:
         """Nothing to wait for: close() reaped every rank."""

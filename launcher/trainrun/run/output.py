@@ -3,6 +3,11 @@
 Bytes in, bytes out: binary-safe. A line is written in one write, so lines of different ranks never
 interleave inside a line. A partial last line is kept until more data or EOF, then written with a
 newline added. Lines longer than MAX_LINE are cut into pieces so memory stays bounded.
+
+`show` (--ranks) limits what reaches the console; --output-dir and the stderr tails still get every
+rank. With a `Folder` (--fold, fold.py) console lines go through it: identical lines of many ranks as
+one `[0-7]<stdout>:` line, `\r` progress bars as occasional snapshots. Without either the output is
+exactly as before.
 """
 from __future__ import annotations
 
@@ -11,9 +16,13 @@ import sys
 import time
 from collections import deque
 
+from trainrun.rankset import format_ranks
+from trainrun.run.fold import Folded, Folder
+
 STREAMS = {1: "stdout", 2: "stderr"}
 MAX_LINE = 1 << 16
-TAIL_LINES = 10
+TAIL_LINES = 200  # kept per rank for the failure summary (result.py picks what to show, e.g. a traceback)
+TAIL_LINE_CHARS = 2000
 
 
 def _cut(line: bytes) -> list[bytes]:
@@ -34,10 +43,12 @@ def prepare_output_dir(path: str) -> None:
 
 
 class OutputSink:
-    def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None):
+    def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None, *,
+                 show: frozenset[int] | None = None, folder: Folder | None = None, clock=time.monotonic):
         if prefix not in ("rank", "timestamp", "none"):
             raise ValueError(f"prefix mode {prefix!r}")
         self.prefix = prefix
+        self.show, self.folder, self._clock = show, folder, clock
         self.output_dir = output_dir
         self._files: dict[tuple[int, int], object] = {}
         self._partial: dict[tuple[int, int], bytes] = {}
@@ -45,10 +56,10 @@ class OutputSink:
         self._out = {1: out or sys.stdout.buffer, 2: err or sys.stderr.buffer}
         self.broken = False  # the reader of our stdout/stderr went away (e.g. `trainrun ... | head`)
 
-    def _prefix(self, rank: int, stream: int) -> bytes:
+    def _prefix(self, rank: int | str, stream: int) -> bytes:
         if self.prefix == "none":
             return b""
-        tag = b"[%d]<%s>:" % (rank, STREAMS[stream].encode())
+        tag = b"[%s]<%s>:" % (str(rank).encode(), STREAMS[stream].encode())
         if self.prefix == "timestamp":
             now = time.time()
             stamp = time.strftime("%H:%M:%S", time.localtime(now)) + ".%03d" % (int(now * 1000) % 1000)
@@ -71,13 +82,27 @@ class OutputSink:
                 rest = rest[MAX_LINE:]
         if rest:
             self._partial[key] = rest
+        if stream == 2 and lines:
+            tail = self._tails.setdefault(rank, deque(maxlen=TAIL_LINES))
+            tail.extend(line[:TAIL_LINE_CHARS].decode(errors="replace") for line in lines)
+        if self.show is not None and rank not in self.show:
+            return
+        if self.folder is not None:
+            self._emit_folded(self.folder.feed(self._clock(), rank, stream, data))
+            return
         if not lines:
             return
-        if stream == 2:
-            tail = self._tails.setdefault(rank, deque(maxlen=TAIL_LINES))
-            tail.extend(line.decode(errors="replace") for line in lines)
         prefix = self._prefix(rank, stream)
         self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _emit_folded(self, folded: list[Folded]) -> None:
+        for f in folded:
+            self._emit(f.stream, self._prefix(format_ranks(f.ranks), f.stream) + f.text + b"\n")
+
+    def tick(self) -> None:
+        """Release folded lines whose window has passed (called from the job's loop)."""
+        if self.folder is not None:
+            self._emit_folded(self.folder.tick(self._clock()))
 
     def _emit(self, stream: int, data: bytes) -> None:
         if self.broken:
@@ -96,6 +121,8 @@ class OutputSink:
         """Write every partial line (used at teardown when some pipes never reached EOF)."""
         for rank, stream in list(self._partial):
             self.feed(rank, stream, b"")
+        if self.folder is not None:
+            self._emit_folded(self.folder.close())
         for f in self._files.values():
             f.flush()
 

@@ -1,19 +1,33 @@
-"""What a finished job amounts to: JobResult (exit code, per-rank return codes, the first failure) and
-the summary line the launcher prints. Pure."""
+"""What a finished job amounts to: JobResult (exit code, per-rank return codes, the first failure and its
+consequences) and the summary the launcher prints. Pure.
+
+The first failure is the earliest by time across hosts (exit times are taken where the rank ran and put
+on the launcher's clock, see fanout/agents.py), not the first one the launcher happened to hear of: a
+rank killed on a remote host is reported after the local ranks that failed because of it. Later failures
+are listed as consequences. The stderr tail shown for the first failure is its Python traceback when it
+printed one (from the last "Traceback" line to the exception line), else its last lines.
+"""
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
 
+TAIL_SHOWN = 10          # last stderr lines shown when there is no traceback
+TRACEBACK_FRAMES = 12    # innermost frames of a traceback shown (2 lines each)
+CONSEQUENCES_SHOWN = 8
+
 
 @dataclass(frozen=True)
 class Failure:
-    """Why the job failed: the first failing rank (or the MPI world, or a host), with the exit code it implies."""
+    """A failure: a rank's bad exit (or the MPI world, or a host), the exit code it implies, and when
+    (`at`: wall-clock seconds on the launcher's clock)."""
 
     exit_code: int
     what: str
     rank: int | None = None
     stderr_tail: tuple[str, ...] = ()
+    at: float = 0.0
+    oom: str | None = None
 
 
 @dataclass
@@ -23,20 +37,60 @@ class JobResult:
     exit_code: int = 0
     returncodes: dict[int, int] = field(default_factory=dict)
     failure: Failure | None = None
+    consequences: list[Failure] = field(default_factory=list)
     interrupted_by: int | None = None
 
     def summary(self, size: int) -> str | None:
         """The failure summary the launcher prints, or None for a clean run."""
         if self.failure is not None:
             f = self.failure
-            lines = [f"trainrun: {f.what}; stopped all {size} rank(s)" if size > 1 else f"trainrun: {f.what}"]
-            if f.stderr_tail:
+            first = f"{f.what} (the first failure)" if self.consequences else f.what
+            lines = [f"trainrun: {first}; stopped all {size} rank(s)" if size > 1 else f"trainrun: {first}"]
+            if f.oom:
+                lines.append(f"trainrun: rank {f.rank}: {f.oom}")
+            shown = tail_to_show(f.stderr_tail)
+            if shown:
                 lines.append(f"trainrun: last lines of rank {f.rank}'s stderr:")
-                lines += [f"  | {line}" for line in f.stderr_tail]
+                lines += [f"  | {line}" for line in shown]
+            if self.consequences:
+                lines.append(f"trainrun: then {len(self.consequences)} more failure(s), probably consequences:")
+                for c in self.consequences[:CONSEQUENCES_SHOWN]:
+                    last = next((ln.strip() for ln in reversed(c.stderr_tail) if ln.strip()), "")
+                    lines.append(f"  {c.what}, {max(0.0, c.at - f.at):.2f}s later" + (f": {last[:200]}" if last else ""))
+                if len(self.consequences) > CONSEQUENCES_SHOWN:
+                    lines.append(f"  ... and {len(self.consequences) - CONSEQUENCES_SHOWN} more")
             return "\n".join(lines)
         if self.interrupted_by is not None:
             return f"trainrun: interrupted by {signame(self.interrupted_by)}; stopped all {size} rank(s)"
         return None
+
+
+def settle(failures: list[Failure], stopped_at: float | None, trigger: Failure | None = None) -> tuple[Failure | None, list[Failure]]:
+    """(the first failure, the later ones) by time. Only the failure that made the job stop (`trigger`)
+    and failures at or before the moment it began to stop (`stopped_at`) can be the first: later ones
+    happened while trainrun was stopping the job."""
+    if not failures:
+        return None, []
+    ordered = sorted(failures, key=lambda f: f.at)
+    candidates = [f for f in ordered if stopped_at is None or f.at <= stopped_at or f is trigger]
+    first = candidates[0] if candidates else None
+    if first is None:
+        return None, []
+    return first, [f for f in ordered if f is not first]
+
+
+def tail_to_show(tail: tuple[str, ...] | list[str]) -> list[str]:
+    """The rank's last Python traceback (header, its innermost frames, the exception line and what
+    follows it, a few lines), or else its last TAIL_SHOWN lines."""
+    tail = list(tail)
+    start = max((i for i, line in enumerate(tail) if line.startswith("Traceback (most recent call last):")), default=None)
+    if start is None:
+        return tail[-TAIL_SHOWN:]
+    end = next((i for i in range(start + 1, len(tail)) if tail[i] and not tail[i].startswith((" ", "\t"))), len(tail) - 1)
+    body = tail[start + 1:end]
+    if len(body) > 2 * TRACEBACK_FRAMES:
+        body = ["  ..."] + body[-2 * TRACEBACK_FRAMES:]
+    return [tail[start], *body, *tail[end:end + 4]]
 
 
 def exit_code_of(returncode: int) -> int:

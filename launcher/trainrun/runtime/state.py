@@ -37,6 +37,7 @@ def init(comm=None, process_sets=None) -> None:
             return
         from mpi4py import MPI
 
+        from trainrun.diag import rankhook
         from trainrun.runtime import topology
 
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -44,9 +45,10 @@ def init(comm=None, process_sets=None) -> None:
             raise RuntimeError("trainrun needs MPI initialized with at least MPI_THREAD_SERIALIZED "
                                "(mpi4py's default is MULTIPLE; check mpi4py.rc.thread_level)")
         session = Session(topology.from_mpi(comm), comm, Settings.from_env())
-        session.start_engine(comm, 0, list(range(session.topology.size)))
+        engine = session.start_engine(comm, 0, list(range(session.topology.size)))
         session.sets[0] = global_process_set
         RUNTIME.session = session
+        rankhook.install(engine)  # stacks without ptrace, progress and stalls for the launcher (diag/)
         if not RUNTIME.exit_hooked:  # registered after mpi4py's own, so it runs before MPI_Finalize
             atexit.register(_at_exit)
             sys.excepthook = _noting_crash(sys.excepthook)

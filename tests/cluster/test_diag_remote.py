@@ -1,0 +1,135 @@
+"""In-flight diagnosis across simulated hosts: stacks of ranks on two hosts (SIGUSR1, --hang-timeout), the
+first failure by time when the killed rank is on another host than the launcher's first news, and no
+setsid'd grandchild left on any host after fail-fast, Ctrl-C or a SIGKILLed launcher.
+
+The remote agents must run this checkout's trainrun (not the installed one): `--python` names a wrapper
+that sets PYTHONPATH to it (the ranks get the launcher's PYTHONPATH through the env contract anyway)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import trainrun
+
+WORKER = str(Path(__file__).parents[1] / "process" / "workers" / "diag_job.py")
+SRC = str(Path(trainrun.__file__).parents[1])
+QUIET = {"TRAINRUN_STALL_TIMEOUT": "600"}
+
+
+def slow_step_line() -> int:
+    with open(WORKER) as f:
+        return next(i for i, line in enumerate(f, 1) if "rank 1 hangs here" in line)
+
+
+def argv(cluster, tmp_path, *args):
+    wrapper = tmp_path / "python-here"
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={SRC} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config), "--python", str(wrapper), *map(str, args)]
+
+
+def env(**extra):
+    return {**os.environ, "PYTHONPATH": SRC, **extra}
+
+
+def pidfiles(directory: Path, count: int, timeout: float = 60.0) -> dict[int, dict]:
+    deadline = time.monotonic() + timeout
+    while len(files := sorted(directory.glob("pid.*"))) < count:
+        assert time.monotonic() < deadline, f"only {len(files)} of {count} ranks started"
+        time.sleep(0.1)
+    return {int(f.suffix[1:]): json.loads(f.read_text()) for f in files}
+
+
+def left_alive(pids, seconds: float = 10.0) -> list[int]:
+    """Pids (all hosts share the PID namespace) still running after `seconds`; survivors are killed."""
+    deadline = time.monotonic() + seconds
+    while (alive := [p for p in pids if p and _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def assert_two_groups(text: str) -> None:
+    assert "stacks of 4 rank(s)" in text and ": 2 different" in text, text
+    assert re.search(rf"^rank 1: slow_step \(diag_job\.py:{slow_step_line()}\) <- hang", text, re.M), text
+    assert re.search(r"^ranks 0,2,3: allreduce <- hang \(diag_job\.py:\d+\)$", text, re.M), text
+
+
+def test_sigusr1_stacks_of_ranks_on_two_hosts_then_hang_timeout(cluster, tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.Popen(argv(cluster, tmp_path, "--output-dir", out, "-H", "h1:2,h2:2", sys.executable, WORKER, tmp_path, "hang"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env(**QUIET))
+    lines = []
+    threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, b"")), daemon=True).start()
+    try:
+        pidfiles(tmp_path, 4)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while not any(b"full dumps in" in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = b"".join(lines).decode(errors="replace")
+        assert_two_groups(text)
+        assert "h2" in (out / "rank.3" / "stacks.1.txt").read_text()
+        assert p.poll() is None, "the job goes on after SIGUSR1"
+        p.send_signal(signal.SIGINT)
+        assert p.wait(30) == 130
+    finally:
+        p.kill()
+        p.wait()
+    for f in tmp_path.glob("pid.*"):
+        f.unlink()
+    r = subprocess.run(argv(cluster, tmp_path, "--hang-timeout", 5, "-H", "h1:2,h2:2", sys.executable, WORKER, tmp_path, "hang"),
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env(**QUIET))
+    assert r.returncode == 124, r.stderr
+    assert_two_groups(r.stderr)
+
+
+def test_first_failure_on_another_host_is_named_first(cluster, tmp_path):
+    """Rank 2 (on h2) is SIGKILLed; the ranks on h1 notice and fail at once and are reported first, yet
+    the summary names rank 2 first: exit times come from the hosts, on the launcher's clock."""
+    r = subprocess.run(argv(cluster, tmp_path, "-v", "-H", "h1:2,h2:2", sys.executable, WORKER, tmp_path, "kill", 2),
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env())
+    log = [line for line in r.stderr.splitlines() if re.match(r"trainrun: rank \d exited with", line)]
+    assert log[0] != "trainrun: rank 2 exited with -9", f"rank 2 was reported first: the test proves nothing\n{r.stderr}"
+    assert r.returncode == 137, r.stderr
+    assert "trainrun: rank 2 on h2 (local rank 0) was killed by SIGKILL (the first failure)" in r.stderr, r.stderr
+    assert re.search(r"^  rank [013] on h[12] \(local rank [01]\) exited with code 1, [\d.]+s later: rank \d: connection reset by rank 2$",
+                     r.stderr, re.M), r.stderr
+
+
+@pytest.mark.parametrize("how", ["fail-fast", "ctrl-c", "sigkill"])
+def test_no_setsid_grandchild_left_on_any_host(cluster, tmp_path, how):
+    args = ["-np", 6, "--hostfile", cluster.hostfile, sys.executable, WORKER, tmp_path, "setsid"]
+    p = subprocess.Popen(argv(cluster, tmp_path, *args, *([1] if how == "fail-fast" else [])),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path, env=env())
+    try:
+        recs = pidfiles(tmp_path, 6)
+        if how == "ctrl-c":
+            p.send_signal(signal.SIGINT)
+        elif how == "sigkill":
+            p.kill()
+        rc = p.wait(60)
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == {"fail-fast": 3, "ctrl-c": 130, "sigkill": -9}[how], p.stderr.read().decode()
+    grandchildren = [r["grandchild"] for r in recs.values()]
+    assert len(grandchildren) == 6 and all(grandchildren)
+    assert left_alive(grandchildren + [r["pid"] for r in recs.values()]) == []
