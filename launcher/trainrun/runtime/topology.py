@@ -1,8 +1,8 @@
 """Where this rank sits: global, local (same host) and cross (same local rank) coordinates.
 
 The MPI world is the source of truth: size/rank from COMM_WORLD, local from a shared-memory split,
-cross from splitting by local rank. When the launcher's env contract (TRAINRUN_*, read with
-envcontract.read_rank_env) is present it must agree; a disagreement means the world was formed
+cross from splitting by local rank. When the launcher's env contract (the TRAINRUN_* variables
+that trainrun.plan.envcontract writes) is present it must agree; a disagreement means the world was formed
 wrongly (a PMI mistake, for one, gives size 1 with no error) and is raised as RuntimeError
 rather than training on a wrong topology.
 """
@@ -41,19 +41,18 @@ def from_mpi(comm) -> Topology:
 
 
 def check_env(topo: Topology, environ) -> None:
-    """Raise RuntimeError naming every TRAINRUN_* variable that disagrees with the MPI world (the
-    contract is read by envcontract.read_rank_env; nothing to check when the launcher set none)."""
-    from trainrun.plan.envcontract import read_rank_env
-
+    """Raise RuntimeError naming every TRAINRUN_* coordinate that disagrees with the MPI world (or that is
+    missing or not a number); nothing to check when the launcher set none (no TRAINRUN_RANK). The values are
+    compared as they are, not validated as a RankEnv first: a wrong contract is reported in full."""
+    if "TRAINRUN_RANK" not in environ:
+        return
     try:
-        env = read_rank_env(environ)
+        env = {field: int(environ[f"TRAINRUN_{field.upper()}"]) for field in COORDS}
     except (KeyError, ValueError) as e:
         raise RuntimeError(f"trainrun: the launcher's environment contract is incomplete or malformed ({e!r}); "
                            "was the rank started outside its launcher?") from None
-    if env is None:
-        return
-    wrong = [f"TRAINRUN_{field.upper()}={getattr(env, field)} but MPI says {getattr(topo, field)}"
-             for field in COORDS if getattr(env, field) != getattr(topo, field)]
+    wrong = [f"TRAINRUN_{field.upper()}={env[field]} but MPI says {getattr(topo, field)}"
+             for field in COORDS if env[field] != getattr(topo, field)]
     if wrong:
         raise RuntimeError("trainrun: the MPI world disagrees with the launcher's environment: "
                            + "; ".join(wrong)
