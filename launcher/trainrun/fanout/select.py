@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from trainrun.errors import UsageError
-from trainrun.fanout.base import FanoutEngine
 from trainrun.plan.hosts import HostSpec
+
+if TYPE_CHECKING:
+    from trainrun.fanout.base import FanoutEngine
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,7 @@ from typing import TYPE_CHECKING
 from trainrun import log
 from trainrun.errors import ProgramError
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run import reaper
 from trainrun.run.groups import ExitInfo
-from trainrun.run.oom import OomWatch
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
@@ -86,7 +84,7 @@ class LocalRanks:
         # the job's mark on this host (reaper.py): TRAINRUN_JOB_ID and the host names of these ranks
         self._job_id = next((p.env["TRAINRUN_JOB_ID"] for p in procs if "TRAINRUN_JOB_ID" in p.env), None)
         self._hosts = sorted({p.env.get("TRAINRUN_HOSTNAME", p.host) for p in procs})
-        self._oom: OomWatch | None = None
+        self._oom = None  # an oom.OomWatch, made at start
         self._dumps: list[tuple[int, list]] = []  # finished dumps, handed from their thread to the loop
         self._dump_lock = threading.Lock()
         self._wake: tuple[int, int] | None = None
@@ -94,6 +92,8 @@ class LocalRanks:
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
         self.events = events
+        from trainrun.run.oom import OomWatch
+
         self._oom = OomWatch()
         self._wake = os.pipe()
         os.set_blocking(self._wake[0], False)
@@ -268,6 +268,8 @@ class LocalRanks:
         for pgid in self._pgids:
             _killpg(pgid, signal.SIGKILL)
         if self._job_id and self._pgids:
+            from trainrun.run import reaper
+
             left = reaper.sweep(self._job_id, self._hosts)
             if left:
                 log.warning("%d process(es) of job %s on %s survived SIGKILL: %s", len(left), self._job_id,

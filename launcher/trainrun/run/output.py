@@ -11,13 +11,16 @@ exactly as before.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import sys
 import time
+
+if TYPE_CHECKING:
+    from trainrun.run.fold import Folded, Folder
 from collections import deque
 
-from trainrun.rankset import format_ranks
-from trainrun.run.fold import Folded, Folder
 
 STREAMS = {1: "stdout", 2: "stderr"}
 MAX_LINE = 1 << 16
@@ -96,6 +99,8 @@ class OutputSink:
         self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
 
     def _emit_folded(self, folded: list[Folded]) -> None:
+        from trainrun.rankset import format_ranks  # only with --fold (off the default launch path)
+
         for f in folded:
             self._emit(f.stream, self._prefix(format_ranks(f.ranks), f.stream) + f.text + b"\n")
 
