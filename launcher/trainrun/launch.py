@@ -19,6 +19,13 @@ def launch(cfg: LaunchConfig) -> int:
     """Plan, then print it (--dry-run), check the hosts (--check) or run it. Returns the exit code."""
     if cfg.check:
         return check(cfg)
+    elastic = cfg.elastic_settings()
+    if elastic.enabled and not cfg.dry_run:
+        from trainrun.run.elastic import run_elastic
+
+        if cfg.output_dir:
+            prepare_output_dir(cfg.output_dir)
+        return run_elastic(cfg)
     shape = shape_job(cfg)
     if shape.has_local:
         from trainrun.plan.program import check_local_program
@@ -46,7 +53,18 @@ def dry_run(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
     from trainrun.plan.render import plan_json, plan_table
 
     plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
-    print(plan_json(plan) if cfg.json else plan_table(plan))
+    elastic = cfg.elastic_settings()
+    if cfg.json:
+        import json
+
+        doc = json.loads(plan_json(plan))
+        if elastic.enabled:
+            doc["elastic"] = elastic.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(plan_table(plan))
+        if elastic.enabled:
+            print(elastic.describe())
     return 0
 
 
@@ -102,5 +120,16 @@ def check(cfg: LaunchConfig) -> int:
     from trainrun.errors import CheckFailed
 
     report = run_check(cfg)
-    print(report_json(report) if cfg.json else render_report(report))
+    elastic = cfg.elastic_settings()
+    if cfg.json:
+        import json
+
+        doc = json.loads(report_json(report))
+        if elastic.enabled:
+            doc["elastic"] = elastic.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_report(report))
+        if elastic.enabled:
+            print(elastic.describe())
     return 0 if report.ok else CheckFailed.exit_code

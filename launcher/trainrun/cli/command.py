@@ -78,6 +78,18 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--workdir", metavar="DIR", help="Working directory of the ranks (default: the launcher's).")
 @click.option("--network-interface", metavar="NIC[,NIC]", help="NICs for the job's traffic (checked); default: the probe's choice.")
 @click.option("--no-cache", is_flag=True, help="Probe the NICs again instead of using the last hour's choice.")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+              help="Restart the job up to N times when a rank or host fails (ranks see TRAINRUN_RESTART_COUNT). "
+                   "Default 0; no limit with --min-np/--max-np/--host-discovery-script.")
+@click.option("--min-np", type=Count(), help="Elastic: keep going on the hosts left while at least N ranks fit.")
+@click.option("--max-np", type=Count(), help="Elastic: never more than N ranks (default: -np, else all slots).")
+@click.option("--host-discovery-script", metavar="PATH",
+              help="Elastic: executable printing the available hosts ('host:slots' lines); run every second.")
+@click.option("--blacklist-cooldown-range", type=(click.FloatRange(min=0), click.FloatRange(min=0)), metavar="MIN MAX",
+              help="Elastic: a failed host sits out MIN s, doubling per failure up to MAX s, then is tried again "
+                   "(default: never again).")
+@click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Elastic: seconds to wait for --min-np ranks' worth of hosts before giving up.")
 @click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
 @click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")

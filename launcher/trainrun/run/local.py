@@ -23,6 +23,7 @@ from trainrun.plan.spec import ProcessSpec
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
+    from trainrun.run.control import ControlServer
     from trainrun.run.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -60,8 +61,11 @@ class _Rank:
 class LocalRanks:
     """The ranks `procs` (all of this host), started as children of this process."""
 
-    def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None):
+    def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None,
+                 control: ControlServer | None = None):
+        """`control`: an elastic job's control channels (run/control.py): each rank gets TRAINRUN_CTL_FD."""
         self.specs = procs
+        self.control = control
         self.events: RankEvents | None = None
         self.pmi = pmi
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -92,6 +96,11 @@ class LocalRanks:
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
             env.update(socket_env(spec.rank, spec.assignment.size, child_sock.fileno()))
+        ctl_sock = None
+        if self.control is not None:
+            ctl_sock = self.control.child_end(spec.rank, sel)
+            pass_fds += (ctl_sock.fileno(),)
+            env["TRAINRUN_CTL_FD"] = str(ctl_sock.fileno())
         preexec = None
         if spec.bind_to == "core" and cores:
             cpus = cores[spec.assignment.local_rank % len(cores)]
@@ -102,8 +111,9 @@ class LocalRanks:
                 stderr=subprocess.PIPE, pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec,
             )
         finally:
-            if child_sock is not None:
-                child_sock.close()
+            for sock in (child_sock, ctl_sock):
+                if sock is not None:
+                    sock.close()
         watchdog.add(proc.pid)
         self._pgids.append(proc.pid)
         rank = _Rank(spec, proc, os.pidfd_open(proc.pid), parent_sock)
@@ -183,6 +193,8 @@ class LocalRanks:
             if rank.returncode is None:
                 _close_quietly(sel, rank.pidfd)
                 rank.returncode = rank.proc.wait()
+        if self.control is not None:
+            self.control.release(sel)
 
     def wait_closed(self) -> None:
         """Nothing to wait for: close() reaped every rank."""
