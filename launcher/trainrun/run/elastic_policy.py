@@ -177,5 +177,4 @@ class FailureRecord:
         import time
 
         stamp = time.strftime("%H:%M:%S", time.localtime(self.when))
-        where = f"{self.host or '-'} rank {self.rank if self.rank is not None else '-'}"
-        return f"  {stamp} attempt {self.attempt}: {where}: {self.cause} (code {self.exit_code}) -> {self.action}"
+        return f"  {stamp} attempt {self.attempt}: {self.cause} -> {self.action}"
