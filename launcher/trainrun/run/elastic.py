@@ -174,7 +174,7 @@ class ElasticLoop:
         job = AttemptJob(plan, OutputSink(cfg.prefix, cfg.output_dir), groups, grace=cfg.grace,
                          start_timeout=cfg.start_timeout)
         self.current = Pick(tuple(shape.used), len(plan.procs))
-        job.groups.append(HostWatch(job, self._hosts_changed, lambda u: self._notify(u, groups)))
+        job.groups.append(HostWatch(job, self._hosts_changed, lambda u: self._notify(u, list(agents.values()))))
         result = job.run()
         self.current = None
         size = len(plan.procs)
@@ -230,11 +230,10 @@ class ElasticLoop:
               "telling the ranks to reset at their next commit", file=sys.stderr, flush=True)
         return {"ts": time.time(), "removed": removed}
 
-    def _notify(self, update: dict, groups) -> None:
+    def _notify(self, update: dict, agents) -> None:
         self.control.notify(update)
-        for g in groups:
-            if hasattr(g, "notify"):
-                g.notify(update)
+        for agent in agents:
+            agent.notify(update)
 
     def _nics(self, shape: JobShape, facts) -> tuple[str, ...]:
         """The NICs: chosen once; chosen again only when a host lacks them (a host that joined later)."""
