@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -104,8 +105,15 @@ def wait_gone(token: str, seconds: float = 15.0) -> list:
     return left
 
 
-def mpich_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_")}
+def leftover_segments(stderr: str) -> list[str]:
+    """/dev/shm segments of the jobs a `trainrun -v` run logged (`attempt N: job ID`); other users' MPI jobs
+    (other test sessions) have their own names, so this is exact where a before/after listing is not."""
+    from trainrun.mpi.shm import kvsname_for, shm_segment_pattern
+
+    jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
+    assert jobs, "no job ids in the launcher's log (run it with -v)"
+    patterns = [shm_segment_pattern(kvsname_for(j)) for j in jobs]
+    return [n for n in os.listdir("/dev/shm") if any(p.fullmatch(n) for p in patterns)]
 
 
 def by_rank(lines: list[str]) -> dict[int, list[str]]:
