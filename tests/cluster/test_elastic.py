@@ -6,7 +6,7 @@ import uuid
 
 from tests.elastic.harness import WORKER, LiveRun, by_rank, discovery, leftover_segments, procs_with, steps_seen, wait_gone
 
-STEPS, EVERY = 60, 5
+STEPS, EVERY = 45, 5
 
 
 def agent_python(tmp_path) -> str:
