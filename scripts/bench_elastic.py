@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -50,12 +51,21 @@ def victims(token: str, pred) -> list[int]:
     return out
 
 
-def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: float = 240.0) -> float:
+def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: float = 240.0) -> tuple[float, float | None]:
     """Start `argv`, at step KILL_AT SIGKILL the processes whose environment satisfies `pred` (or call
-    `cut`), return seconds from then to the first step of the restarted job."""
+    `cut`); return seconds from then to the first step of the restarted job, and to the moment trainrun
+    (-v) started the next attempt (None for torchrun): what the launcher takes, the rest is rank start-up."""
     token = f"tok{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([*argv, token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
+    relaunch: list[float] = []
+
+    def watch_stderr():
+        for line in proc.stderr:
+            if re.search(r"attempt [1-9]\d*: job", line):
+                relaunch.append(time.time())
+
+    threading.Thread(target=watch_stderr, daemon=True).start()
     t_kill = None
     deadline = time.monotonic() + timeout
     try:
@@ -77,8 +87,8 @@ def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: 
                     for pid in pids:
                         os.kill(pid, signal.SIGKILL)
             elif t_kill is not None and restart >= 1:
-                return t - t_kill
-        raise BenchError(f"job ended before recovering: {proc.stderr.read()[-2000:]}")
+                return t - t_kill, (relaunch[0] - t_kill if relaunch else None)
+        raise BenchError(f"job ended before recovering: {' '.join(argv[:8])}")
     finally:
         if restore is not None:
             restore()
@@ -100,7 +110,7 @@ def commit_costs(env: dict, sizes=(1, 16, 64)) -> dict[int, float]:
             "        t = time.perf_counter(); s.commit(); ts.append(time.perf_counter() - t)\n"
             "    ts.sort(); out.append(f'{mib}:{ts[2]}')\n"
             "print('costs', *out) if hvd.rank() == 0 else None\n")
-    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", "python", "-c", code],
+    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", sys.executable, "-c", code],
                        capture_output=True, text=True, env=env, timeout=300)
     line = next((x for x in r.stdout.splitlines() if "costs" in x), None)
     if line is None:
@@ -120,10 +130,10 @@ def main() -> int:
     py = sys.executable
     scenarios = {
         "trainrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from the agents' copy)": (
-            [py, "-m", "trainrun", "-np", "4", "--max-restarts", "3", "-x", "MODE=trainrun", WORKER],
+            [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", "-x", "MODE=trainrun", WORKER],
             lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e),
         "trainrun elastic, pipe hosts (2x2, 1 host killed; 2 go on)": (
-            [py, PIPE, "-H", "far1:2,far2:2", "--min-np", "2", "-x", "MODE=trainrun", WORKER],
+            [py, PIPE, "-v", "-H", "far1:2,far2:2", "--min-np", "2", "-x", "MODE=trainrun", WORKER],
             lambda e: e.get("TRAINRUN_HOSTNAME") == "far2"),
         "torchrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from a disk checkpoint)": (
             [os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "4", "--max-restarts", "3",
@@ -131,18 +141,22 @@ def main() -> int:
             lambda e: e.get("RANK") == "3" and e.get("MODE") == "torchrun"),
     }
     times: dict[str, list[float]] = {k: [] for k in scenarios}
+    relaunches: dict[str, list[float]] = {k: [] for k in scenarios}
     for r in range(args.rounds):
         for name, (argv, pred) in scenarios.items():
             run_env = {**env, "MODE": "torchrun" if "torchrun" in name else "trainrun"}
             Path(env["CKPT"]).unlink(missing_ok=True)
-            times[name].append(recovery(argv, run_env, pred))
-            print(f"round {r + 1}: {name}: {times[name][-1]:.2f}s", file=sys.stderr, flush=True)
+            total, relaunch = recovery(argv, run_env, pred)
+            times[name].append(total)
+            if relaunch is not None:
+                relaunches[name].append(relaunch)
+            print(f"round {r + 1}: {name}: {total:.2f}s (relaunch {relaunch})", file=sys.stderr, flush=True)
     if args.cluster:
         with testbed_session(3) as tb:
             wrapper = tmp / "py.sh"
             wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={REPO / 'launcher'} exec {py} \"$@\"\n")
             wrapper.chmod(0o755)
-            base = [py, "-m", "trainrun", "--ssh-config", str(tb.ssh_config), "--python", str(wrapper),
+            base = [py, "-m", "trainrun", "-v", "--ssh-config", str(tb.ssh_config), "--python", str(wrapper),
                     "--hostfile", str(tb.hostfile), "--min-np", "4", "-x", "MODE=trainrun"]
             links = ["h3-m", "h3-d"]
 
@@ -159,18 +173,25 @@ def main() -> int:
                      {"pred": lambda e: e.get("TRAINRUN_HOSTNAME") == "h3"}),
                     ("trainrun elastic, 3 simulated hosts x 2, 1 host's network cut (--heartbeat-timeout 3); 4 go on",
                      ["--heartbeat-timeout", "3"], {"pred": None, "cut": cut, "restore": restore})):
-                times[name] = []
+                times[name], relaunches[name] = [], []
                 for r in range(args.rounds):
-                    times[name].append(recovery([*base, *extra, WORKER], {**env, "MODE": "trainrun"}, **kw))
-                    print(f"round {r + 1}: {name}: {times[name][-1]:.2f}s", file=sys.stderr, flush=True)
+                    total, relaunch = recovery([*base, *extra, WORKER], {**env, "MODE": "trainrun"}, **kw)
+                    times[name].append(total)
+                    relaunches[name] += [relaunch] if relaunch is not None else []
+                    print(f"round {r + 1}: {name}: {total:.2f}s (relaunch {relaunch})", file=sys.stderr, flush=True)
     costs = commit_costs({**env})
     lines = ["# Elastic recovery and commit() cost", "", *machine_lines(), "",
              f"Time from SIGKILL of the victim (at step {KILL_AT}) to the first training step of the restarted job; "
              f"median of {args.rounds} round(s), rounds interleaved. `python scripts/bench_elastic.py"
              f"{' --cluster' if args.cluster else ''} --rounds {args.rounds}`.", "",
-             "| scenario | median (s) | rounds (s) |", "|---|---:|---|"]
+             "The launcher's share is the time from the kill to trainrun starting the next attempt's ranks (detect, stop "
+             "the others, wait for every agent's DONE, 0.5 s back-off, plan, send the JOBs); the rest is the new ranks' "
+             "start-up (interpreter, `import torch`, MPI_Init, `state.sync()`) and one step.", "",
+             "| scenario | kill to next step, median (s) | launcher's share, median (s) | rounds (s) |",
+             "|---|---:|---:|---|"]
     for name, ts in times.items():
-        lines.append(f"| {name} | {med(ts):.2f} | {', '.join(f'{t:.2f}' for t in ts)} |")
+        share = f"{med(relaunches[name]):.2f}" if relaunches.get(name) else "-"
+        lines.append(f"| {name} | {med(ts):.2f} | {share} | {', '.join(f'{t:.2f}' for t in ts)} |")
     lines += ["", "`commit()` of an ObjectState holding a NumPy array (2 ranks; local rank 0 leaves the copy with "
               "the launcher, the other ranks only join the host-update check); median of 5:", "",
               "| state (MiB) | ms per commit | ms per MiB |", "|---:|---:|---:|"]
