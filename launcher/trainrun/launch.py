@@ -11,7 +11,7 @@ from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.fanout.select import HostSource, host_source
 from trainrun.plan.planner import JobShape, make_plan, master_address, shape_job
-from trainrun.run.output import OutputSink, prepare_output_dir
+from trainrun.run.output import prepare_output_dir, sink_for
 
 AGENT_START_SLACK = 30.0  # seconds beyond --ssh-timeout for an agent's HELLO (interpreter start-up on a busy host)
 
@@ -20,6 +20,13 @@ def launch(cfg: LaunchConfig) -> int:
     """Plan, then print it (--dry-run), check the hosts (--check) or run it. Returns the exit code."""
     if cfg.check:
         return check(cfg)
+    elastic = cfg.elastic_settings()
+    if elastic.enabled and not cfg.dry_run:
+        from trainrun.run.elastic import run_elastic
+
+        if cfg.output_dir:
+            prepare_output_dir(cfg.output_dir)
+        return run_elastic(cfg)
     source = host_source(cfg, os.environ)
     shape = shape_job(cfg, source.hosts, source.default_np)
     cfg.shown_ranks(shape.np)  # a --ranks beyond the job is a usage error before any host is reached
@@ -41,19 +48,8 @@ def launch(cfg: LaunchConfig) -> int:
         from trainrun.mpi.openmpi import run_openmpi
 
         plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
-        return run_openmpi(plan, make_sink(cfg, len(plan.procs)), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
+        return run_openmpi(plan, sink_for(cfg, len(plan.procs)), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
     return run_job(cfg, source, shape, facts)
-
-
-def make_sink(cfg: LaunchConfig, size: int) -> OutputSink:
-    """The console and --output-dir writer of a job of `size` ranks: --prefix, --ranks, --fold."""
-    show = cfg.shown_ranks(size)
-    folder = None
-    if cfg.fold:
-        from trainrun.run.fold import Folder
-
-        folder = Folder(sorted(show) if show is not None else range(size))
-    return OutputSink(cfg.prefix, cfg.output_dir, show=show, folder=folder)
 
 
 def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
@@ -62,7 +58,18 @@ def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
     plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name,
                      slurm=source.allocation is not None)
     notes = {"hosts": source.reason, **({"engine": source.engine} if shape.remote else {})}
-    print(plan_json(plan, notes) if cfg.json else plan_table(plan, notes))
+    elastic = cfg.elastic_settings()
+    if cfg.json:
+        import json
+
+        doc = json.loads(plan_json(plan, notes))
+        if elastic.enabled:
+            doc["elastic"] = elastic.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(plan_table(plan, notes))
+        if elastic.enabled:
+            print(elastic.describe())
     return 0
 
 
@@ -98,7 +105,7 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
             agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
                          heartbeat_timeout=cfg.heartbeat_timeout)
             groups.append(agent)
-        job = Job(plan, make_sink(cfg, len(plan.procs)), groups, grace=cfg.grace,
+        job = Job(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace,
                   start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir)
         result = job.run()
     finally:
@@ -119,5 +126,16 @@ def check(cfg: LaunchConfig) -> int:
     from trainrun.errors import CheckFailed
 
     report = run_check(cfg)
-    print(report_json(report) if cfg.json else render_report(report))
+    elastic = cfg.elastic_settings()
+    if cfg.json:
+        import json
+
+        doc = json.loads(report_json(report))
+        if elastic.enabled:
+            doc["elastic"] = elastic.to_json()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render_report(report))
+        if elastic.enabled:
+            print(elastic.describe())
     return 0 if report.ok else CheckFailed.exit_code

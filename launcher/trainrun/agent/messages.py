@@ -20,22 +20,26 @@ from trainrun.plan.spec import ProcessSpec, spec_from_dict, spec_to_dict
 class AgentJob:
     """One host's share of the job. `python`: the launcher's interpreter path in the specs' argv (the agent
     swaps in its own); `patience`: seconds of launcher silence before the agent kills its ranks;
-    `kvsname`: the MPI world's name, whose /dev/shm segments the agent removes at the end (None: no MPI)."""
+    `kvsname`: the MPI world's name, whose /dev/shm segments the agent removes at the end (None: no MPI);
+    `elastic`: the job may restart: the agent keeps its ranks' committed state (control channels), and when
+    the ranks have ended it cleans up, sends DONE and waits for the next JOB instead of exiting."""
 
     procs: tuple[ProcessSpec, ...]
     pmi: bool
     python: str
     patience: float
     kvsname: str | None = None
+    elastic: bool = False
 
     def to_bytes(self) -> bytes:
         return json.dumps({"procs": [spec_to_dict(p) for p in self.procs], "pmi": self.pmi, "python": self.python,
-                           "patience": self.patience, "kvsname": self.kvsname}).encode()
+                           "patience": self.patience, "kvsname": self.kvsname, "elastic": self.elastic}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AgentJob:
         d = json.loads(data)
-        return cls(tuple(spec_from_dict(p) for p in d["procs"]), d["pmi"], d["python"], d["patience"], d.get("kvsname"))
+        return cls(tuple(spec_from_dict(p) for p in d["procs"]), d["pmi"], d["python"], d["patience"], d.get("kvsname"),
+                   d.get("elastic", False))
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,13 @@ launcher can put the exit times on its own clock.
 Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
 dropped) or SIGTERM arrives, the agent SIGKILLs every process group of its ranks and every process of the
 job on its host that left them (run/reaper.py), and exits; if the agent itself is killed, its Watchdog does
-the same. When all its ranks have exited it exits 0.
+the same. When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
+cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
+restart) or EOF, keeping its host's committed state (run/control.py) in memory across attempts.
 """
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -38,6 +41,8 @@ class Agent:
         self.done = False
         self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
         self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
+        self.elastic = False
+        self.control = None  # an elastic job's ControlServer; its StateStore lives as long as the agent
         self._last_heard = self._last_beat = time.monotonic()
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
@@ -99,21 +104,44 @@ class Agent:
                     self.on_stacks(req.request, [])
             elif kind == wire.BEAT and (beat := Beat.from_bytes(payload)) is not None:
                 self.send(wire.frame(wire.BEAT, -1, Beat(time.time(), beat.t).to_bytes()))  # for the clock offset
+            elif kind == wire.NOTIFY and self.control is not None:
+                self.control.notify(json.loads(payload))
 
     def _start(self, job: AgentJob, watchdog: Watchdog) -> None:
         self.patience = job.patience
         self.kvsname = job.kvsname
+        self.elastic = job.elastic
+        if job.elastic and self.control is None:
+            from trainrun.run.control import ControlServer, StateStore
+
+            self.control = ControlServer(StateStore())
         # .py programs run on the agent's interpreter (the launcher's path may not exist here)
         specs = [replace(s, argv=(sys.executable, *s.argv[1:])) if s.argv and s.argv[0] == job.python else s
                  for s in job.procs]
-        self.ranks = LocalRanks(specs, pmi=job.pmi)
+        self.ranks = LocalRanks(specs, pmi=job.pmi, control=self.control if job.elastic else None)
         try:
             self.ranks.start(self.sel, watchdog, self)
         except TrainrunError as err:
             self.send(wire.frame(wire.FATAL, -1, f"{err}|{err.exit_code}".encode()))
-            self.done = True
+            if job.elastic:  # stay for the next attempt: report every rank ended, then DONE
+                for spec in specs:
+                    self.on_exit(spec.rank, err.exit_code)
+                self._end_attempt()
+            else:
+                self.done = True
             return
         self.send(wire.json_frame(wire.STARTED, {str(r): x.proc.pid for r, x in self.ranks.ranks.items()}))
+
+    def _end_attempt(self) -> None:
+        """An elastic job's attempt ended here: nothing of it is left, then DONE (the launcher waits for it)."""
+        self.ranks.kill()
+        self.ranks.close(self.sel)
+        self.ranks = None
+        if self.kvsname:
+            from trainrun.mpi.shm import remove_shm_segments
+
+            remove_shm_segments(self.kvsname)
+        self.send(wire.frame(wire.DONE))
 
     def run(self) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
@@ -138,7 +166,9 @@ class Agent:
                 if self.ranks is not None:
                     self.ranks.tick(now)
                     if not self.ranks.running:
-                        break
+                        if not self.elastic:
+                            break
+                        self._end_attempt()
         finally:
             if self.ranks is not None:
                 self.ranks.kill()

@@ -5,6 +5,7 @@ A frame is: kind (1 byte) | rank (int32, -1 when not about a rank) | length (uin
 launcher -> agent:  JOB  (json: the host's ProcessSpecs)   SIGNAL (payload: signal number)
                     KILL                                  PMI    (rank: bytes for that rank's PMI socket)
                     DUMP (json DumpRequest: take the running ranks' stacks)
+                    NOTIFY (json: the job's hosts changed; an elastic agent passes it to its ranks)
 both ways:          BEAT (every HEARTBEAT_EVERY s: "I am here"; silence is how a hung or cut-off peer shows;
                           json Beat: the sender's clock, and the agent echoes the launcher's at once,
                           so the launcher learns the agent's clock offset from the round trip)
@@ -15,6 +16,7 @@ agent -> launcher:  HELLO (json: host facts, sent at start)  STARTED (json: pids
                     FATAL (text: the agent could not do its job, e.g. a program did not start)
                     STACKS (json DumpReply: the answer to DUMP)
                     PROGRESS (rank: its runtime made progress)   STALL (rank: its runtime raised a StallError)
+                    DONE  (an elastic job's attempt is over here: ranks reaped, shm removed; a JOB may follow)
 The JSON payloads' types are in messages.py.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ JOB, SIGNAL, KILL, PMI, BEAT, DUMP = b"J", b"S", b"K", b"P", b"B", b"D"
 HEARTBEAT_EVERY = 2.0
 HELLO, STARTED, STDOUT, STDERR, EXIT, FATAL = b"H", b"R", b"O", b"E", b"X", b"F"
 STACKS, PROGRESS, STALL = b"T", b"G", b"W"
+NOTIFY, DONE = b"U", b"Q"  # elastic jobs only (every kind is one distinct byte, whatever its direction)
 STREAM_KIND = {1: STDOUT, 2: STDERR}
 KIND_STREAM = {STDOUT: 1, STDERR: 2}
 

@@ -116,6 +116,18 @@ def _load_config(ctx: click.Context, _param, value):
                    "(must come first; prints the job id).")
 @click.option("--wait", "wait_", is_flag=True, expose_value=False, callback=lambda c, p, v: _wait_needs_sbatch(v),
               help="With --sbatch: wait for the job to end and exit with its code.")
+@click.option("--max-restarts", type=click.IntRange(min=0), metavar="N",
+              help="Restart the job up to N times when a rank or host fails (ranks see TRAINRUN_RESTART_COUNT). "
+                   "Default 0; no limit with --min-np/--max-np/--host-discovery-script.")
+@click.option("--min-np", type=Count(), help="Elastic: keep going on the hosts left while at least N ranks fit.")
+@click.option("--max-np", type=Count(), help="Elastic: never more than N ranks (default: -np, else all slots).")
+@click.option("--host-discovery-script", metavar="PATH",
+              help="Elastic: executable printing the available hosts ('host:slots' lines); run every second.")
+@click.option("--blacklist-cooldown-range", type=(click.FloatRange(min=0), click.FloatRange(min=0)), metavar="MIN MAX",
+              help="Elastic: a failed host sits out MIN s, doubling per failure up to MAX s, then is tried again "
+                   "(default: never again).")
+@click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+              help="Elastic: seconds to wait for --min-np ranks' worth of hosts before giving up.")
 @click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
 @click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")

@@ -45,6 +45,12 @@ class LaunchConfig:
     workdir: str | None = None
     network_interface: str | None = None
     no_cache: bool = False
+    max_restarts: int | None = None
+    min_np: int | None = None
+    max_np: int | None = None
+    host_discovery_script: str | None = None
+    blacklist_cooldown_range: tuple[float, float] | None = None
+    elastic_timeout: float = 600.0
     check: bool = False
     dry_run: bool = False
     json: bool = False
@@ -54,6 +60,9 @@ class LaunchConfig:
     def __post_init__(self):
         if self.hosts and self.hostfile:
             raise UsageError("-H and --hostfile both given; use one of them")
+        if self.host_discovery_script and (self.hosts or self.hostfile):
+            raise UsageError("--host-discovery-script and -H/--hostfile both given; the script lists the hosts, use one of them")
+        self._check_elastic()
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
         if self.show_ranks is not None:
@@ -73,9 +82,40 @@ class LaunchConfig:
             raise UsageError(f"--ranks {self.show_ranks}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
         return ranks
 
+    def _check_elastic(self) -> None:
+        lo, hi, np = self.min_np, self.max_np, self.num_proc
+        if lo is not None and hi is not None and lo > hi:
+            raise UsageError(f"--min-np {lo} is more than --max-np {hi}")
+        if np is not None and lo is not None and lo > np:
+            raise UsageError(f"--min-np {lo} is more than -np {np}; -np is the size the job starts with")
+        if np is not None and hi is not None and hi < np:
+            raise UsageError(f"--max-np {hi} is less than -np {np}; -np is the size the job starts with")
+        rng = self.blacklist_cooldown_range
+        if rng is not None and not 0 <= rng[0] <= rng[1]:
+            raise UsageError(f"--blacklist-cooldown-range {rng[0]:g} {rng[1]:g}: expected 0 <= MIN <= MAX seconds")
+        if self.mpi == "openmpi" and self.elastic_settings().enabled:
+            raise UsageError("--mpi openmpi cannot restart or resize a job (mpirun owns the ranks); use --mpi mpich")
+
+    def elastic_settings(self):
+        """The elastic options as one ElasticSettings (run/elastic_policy.py). --max-restarts defaults to 0,
+        or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script)."""
+        from trainrun.run.elastic_policy import ElasticSettings
+
+        sizing = self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
+        restarts = self.max_restarts if self.max_restarts is not None else (None if sizing else 0)
+        min_np = self.min_np if self.min_np is not None else (1 if sizing else None)
+        return ElasticSettings(restarts, min_np, self.max_np, self.host_discovery_script,
+                               tuple(self.blacklist_cooldown_range) if self.blacklist_cooldown_range else None,
+                               self.elastic_timeout)
+
     def host_specs(self) -> list[HostSpec]:
-        """The hosts of -H or --hostfile; without either, this machine with -np slots (UsageError without -np:
-        fanout/select.py first looks for a Slurm allocation to take the hosts from)."""
+        """The hosts of -H or --hostfile, or those --host-discovery-script lists now (it runs once); without
+        any, this machine with -np slots (UsageError without -np: fanout/select.py first looks for a Slurm
+        allocation to take the hosts from)."""
+        if self.host_discovery_script:
+            from trainrun.run.discovery import run_script
+
+            return run_script(self.host_discovery_script)
         if self.hosts:
             return parse_hosts_arg(self.hosts)
         if self.hostfile:

@@ -38,6 +38,9 @@ def host_source(cfg, environ: Mapping[str, str]) -> HostSource:
     if cfg.engine == "slurm" and alloc is None:
         raise UsageError("--engine slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run inside salloc or an "
                          "sbatch script, or submit with trainrun --sbatch")
+    if cfg.host_discovery_script:
+        return HostSource(cfg.host_specs(), "ssh", "hosts from --host-discovery-script (its list now; it runs again "
+                          "every second)", allocation=alloc)
     given = bool(cfg.hosts or cfg.hostfile)
     if given:
         engine = "slurm" if cfg.engine == "slurm" else "ssh"

@@ -34,6 +34,7 @@ from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import HookInfo
+    from trainrun.run.control import ControlServer
     from trainrun.run.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -74,8 +75,11 @@ class _Rank:
 class LocalRanks:
     """The ranks `procs` (all of this host), started as children of this process."""
 
-    def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None):
+    def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None,
+                 control: ControlServer | None = None):
+        """`control`: an elastic job's control channels (run/control.py): each rank gets TRAINRUN_CTL_FD."""
         self.specs = procs
+        self.control = control
         self.events: RankEvents | None = None
         self.pmi = pmi
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -125,6 +129,11 @@ class LocalRanks:
         os.set_blocking(diag_r, False)
         pass_fds += (diag_w,)
         env["TRAINRUN_DIAG_FD"] = f"{diag_w}:{os.fstat(diag_w).st_ino}"
+        ctl_sock = None
+        if self.control is not None:
+            ctl_sock = self.control.child_end(spec.rank, sel)
+            pass_fds += (ctl_sock.fileno(),)
+            env["TRAINRUN_CTL_FD"] = str(ctl_sock.fileno())
         preexec = None
         if spec.bind_to == "core" and cores:
             cpus = cores[spec.assignment.local_rank % len(cores)]
@@ -138,8 +147,9 @@ class LocalRanks:
             os.close(diag_r)
             raise
         finally:
-            if child_sock is not None:
-                child_sock.close()
+            for sock in (child_sock, ctl_sock):
+                if sock is not None:
+                    sock.close()
             os.close(diag_w)
         watchdog.add(proc.pid)
         self._pgids.append(proc.pid)
@@ -295,6 +305,8 @@ class LocalRanks:
                 self._wake = None
         if self._oom is not None:
             self._oom.close()
+        if self.control is not None:
+            self.control.release(sel)
 
     def wait_closed(self) -> None:
         """Nothing to wait for: close() reaped every rank."""

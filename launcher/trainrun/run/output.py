@@ -148,3 +148,15 @@ class OutputSink:
         for f in self._files.values():
             f.close()
         self._files.clear()
+
+
+def sink_for(cfg, size: int) -> OutputSink:
+    """The console and --output-dir writer of a job of `size` ranks, as the options ask: --prefix, --ranks,
+    --fold. (Raises UsageError for a --ranks beyond the job.)"""
+    show = cfg.shown_ranks(size)
+    folder = None
+    if cfg.fold:
+        from trainrun.run.fold import Folder
+
+        folder = Folder(sorted(show) if show is not None else range(size))
+    return OutputSink(cfg.prefix, cfg.output_dir, show=show, folder=folder)

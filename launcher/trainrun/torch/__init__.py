@@ -11,6 +11,7 @@ from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cud
                                     gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
                                     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                     process_sets, rank, remove_process_set, rocm_built, shutdown, size)
+from trainrun.torch import elastic  # hvd.elastic
 from trainrun.torch.compression import Compression
 from trainrun.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                                       broadcast_parameters)

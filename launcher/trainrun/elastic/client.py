@@ -1,0 +1,72 @@
+"""The rank's end of the control channel (protocol.py): commit a state copy to the host's agent, ask for
+the copy it holds, and collect the launcher's host-update notices. Stdlib only; blocking requests.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from trainrun.agent.wire import FrameReader, frame
+from trainrun.elastic import protocol
+
+
+class ControlClient:
+    """One rank's channel (the inherited fd `fd`). Requests are answered in order; UPDATE frames that
+    arrive meanwhile are queued for `updates()`."""
+
+    def __init__(self, fd: int):
+        self.sock = socket.socket(fileno=fd)
+        self.sock.setblocking(True)
+        self.reader = FrameReader()
+        self._updates: list[dict] = []
+        self._replies: list[tuple[bytes, bytes]] = []
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> ControlClient | None:
+        fd = environ.get("TRAINRUN_CTL_FD")
+        return cls(int(fd)) if fd else None
+
+    def _take(self, frames) -> None:
+        for kind, _rank, payload in frames:
+            if kind == protocol.UPDATE:
+                self._updates.append(json.loads(payload))
+            else:
+                self._replies.append((kind, payload))
+
+    def _request(self, kind: bytes, payload: bytes = b"") -> tuple[bytes, bytes]:
+        self.sock.sendall(frame(kind, -1, payload))
+        while not self._replies:
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("trainrun: the control channel to this host's agent closed")
+            self._take(self.reader.feed(data))
+        return self._replies.pop(0)
+
+    def commit(self, key: tuple[int, int], blob: bytes) -> None:
+        """Leave `blob` with the agent under `key`; returns once the agent holds it."""
+        self._request(protocol.COMMIT, protocol.pack_key(key) + blob)
+
+    def key(self) -> tuple[int, int]:
+        """The key of the copy the agent holds (protocol.NO_KEY: none)."""
+        return protocol.unpack_key(self._request(protocol.KEY)[1])
+
+    def get(self) -> tuple[tuple[int, int], bytes]:
+        payload = self._request(protocol.GET)[1]
+        return protocol.unpack_key(payload), payload[protocol.KEY_STRUCT.size:]
+
+    def updates(self) -> list[dict]:
+        """Host-update notices received so far (read without blocking), oldest first; clears the queue."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    break
+                self._take(self.reader.feed(data))
+        except (BlockingIOError, InterruptedError):
+            pass
+        finally:
+            self.sock.setblocking(True)
+        out, self._updates = self._updates, []
+        return out

@@ -1,0 +1,114 @@
+"""One attempt of an elastic job: the Job (job.py) with three differences, and the group that watches the
+hosts while it runs.
+
+AttemptJob differs from Job in that
+- a rank that exits with RESET_EXIT_CODE after the launcher told the ranks that the hosts changed is not a
+  failure: the ranks committed and leave to be restarted on the new hosts (`reset`);
+- a failure at start-up (before the MPI world formed, within STARTUP_WINDOW s) does not stop the other
+  ranks at once but after SETTLE s, so that a failure every rank shares (an import error) shows as such;
+- it records how each rank ended (RankEnd) and which host failed, for the elastic policy.
+
+HostWatch is a RankGroup without ranks: the Job calls its `tick` from its loop, and it asks the elastic
+loop (a callback) whether the hosts changed; if so it notifies every rank once (through the agents, and
+the launcher's own control channels) and lets AttemptJob honour their reset exits.
+"""
+from __future__ import annotations
+
+import time
+
+from trainrun.elastic.protocol import RESET_EXIT_CODE
+from trainrun.run.elastic_policy import STARTUP_WINDOW, RankEnd
+from trainrun.run.job import Job
+from trainrun.run.result import Failure, exit_code_of
+
+SETTLE = 3.0       # seconds the other ranks get to fail on their own after a start-up failure
+RESET_WAIT = 10.0  # seconds the other ranks get to leave after the first reset exit, before they are stopped
+
+
+class AttemptJob(Job):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.started = time.monotonic()
+        self.ends: list[RankEnd] = []
+        self.failed_host: str | None = None
+        self.notified = False   # the ranks were told the hosts changed: reset exits are honoured
+        self.reset = False      # some rank left with RESET_EXIT_CODE after that
+        self._settle_until: float | None = None
+        self._reset_until: float | None = None
+
+    @property
+    def world_formed(self) -> bool:
+        return self.world is not None and len(self.world.initialized) == len(self.plan.procs)
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        now = time.monotonic()
+        tail = self.sink.stderr_tail(rank)
+        self.ends.append(RankEnd(rank, returncode, now - self.started, tail[-1].strip() if tail else ""))
+        if returncode == RESET_EXIT_CODE and self.notified:
+            self.result.returncodes[rank] = returncode
+            self.reset = True
+            self._reset_until = self._reset_until or now + RESET_WAIT
+            return
+        early = not self.world_formed and now - self.started < STARTUP_WINDOW
+        if returncode > 0 and early and self._stop_deadline is None:
+            self.result.returncodes[rank] = returncode
+            if self.result.failure is None:
+                how = f"exited with code {returncode}"
+                self.result.failure = Failure(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, tuple(tail))
+                self.result.exit_code = exit_code_of(returncode)
+                self.failed_host = self._specs[rank].host
+            self._settle_until = self._settle_until or now + SETTLE
+            return
+        if returncode != 0 and self.result.failure is None and self._stop_deadline is None:
+            self.failed_host = self._specs[rank].host
+        super().on_exit(rank, returncode)
+
+    def on_host_lost(self, host: str, message: str) -> None:
+        if self.result.failure is None and self._stop_deadline is None:
+            self.failed_host = host
+        super().on_host_lost(host, message)
+
+    def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
+        if self.result.failure is None and self._stop_deadline is None:
+            self.failed_host = host
+        super().on_host_failed(host, message, exit_code)
+
+    def tick(self, now: float) -> None:
+        """Called by HostWatch from the Job's loop: end the settle and reset waits."""
+        if self._settle_until is not None and now >= self._settle_until:
+            self._settle_until = None
+            self.stop()
+        if self._reset_until is not None and now >= self._reset_until:
+            self._reset_until = None
+            self.stop()
+
+
+class HostWatch:
+    """A rank-less RankGroup: while an attempt runs, asks `changed()` (the elastic loop) each TICK_EVERY s
+    whether the hosts changed; the first time they did, calls `notify(update)` and marks the job notified."""
+
+    specs: list = []
+    running = 0
+    TICK_EVERY = 0.5
+
+    def __init__(self, job: AttemptJob, changed, notify):
+        self.job, self.changed, self.notify = job, changed, notify
+        self._next = 0.0
+
+    def tick(self, now: float) -> None:
+        self.job.tick(now)
+        if self.job.notified or now < self._next:
+            return
+        self._next = now + self.TICK_EVERY
+        update = self.changed()
+        if update is not None:
+            self.job.notified = True
+            self.notify(update)
+
+    def start(self, sel, watchdog, events) -> None: ...
+    def signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+    def pmi_send(self, rank: int, data: bytes) -> None: ...
+    def abandon(self) -> None: ...
+    def close(self, sel) -> None: ...
+    def wait_closed(self) -> None: ...

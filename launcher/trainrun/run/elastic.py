@@ -1,0 +1,288 @@
+"""The elastic loop: run a job as a series of attempts until it succeeds, fails for good, or is interrupted.
+
+An attempt is an ordinary Job (run/attempt.py's AttemptJob) planned by the one planner on the hosts the
+policy picks (run/elastic_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
+restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
+the ranks committed with them (run/control.py). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
+
+    failure   a rank or host failed: record it (FailureRecord), cool the host down (elastic sizing), and
+              restart after a back-off -- unless every rank failed the same way at start-up (a restart
+              would too: end now, saying so) or --max-restarts are used up (end with its code and the list)
+    reset     the hosts changed (discovery or a cool-down ended): the ranks were told, committed and left
+              with RESET_EXIT_CODE; restart at once on the new hosts (not a failure)
+    success   every rank exited 0: exit 0 (listing the failures that were survived, if any)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+
+from trainrun import log
+from trainrun.cli.config import LaunchConfig
+from trainrun.errors import HostsError, TrainrunError
+from trainrun.plan.placement import ranks_per_host
+from trainrun.plan.planner import JobShape, make_plan, master_address
+from trainrun.plan.spec import LaunchPlan
+from trainrun.run.discovery import LiveHosts
+from trainrun.run.elastic_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
+from trainrun.run.output import sink_for
+
+AGENT_START_SLACK = 30.0
+IDLE_TICK = 0.2
+
+
+class _Interrupted(Exception):
+    def __init__(self, sig: int):
+        self.sig = sig
+
+
+def _raise_interrupt(sig, _frame):
+    raise _Interrupted(sig)
+
+
+def _for(seconds: float) -> str:
+    return "for good" if seconds == float("inf") else f"{seconds:g}s"
+
+
+def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
+    return LaunchPlan(plan.job, tuple(replace(p, env={**p.env, **extra}) for p in plan.procs))
+
+
+class ElasticLoop:
+    def __init__(self, cfg: LaunchConfig, settings: ElasticSettings, source: LiveHosts, origin=None):
+        """`origin`: fanout.select's HostSource (where the hosts come from, which engine reaches them)."""
+        from trainrun.run.control import ControlServer, StateStore
+
+        self.cfg, self.settings, self.source, self.origin = cfg, settings, source, origin
+        self.book = HostBook(settings.cooldown)
+        if settings.sizing:  # the cap: --max-np, else -np, else every slot there is
+            self.np = cfg.max_np or cfg.num_proc or 1 << 30
+        else:
+            self.np = cfg.num_proc if cfg.num_proc is not None else sum(h.slots for h in source.current())
+        self.failures: list[FailureRecord] = []
+        self.restarts = 0       # restarts after failures (what --max-restarts limits)
+        self.attempt = 0        # attempts started so far - 1: TRAINRUN_RESTART_COUNT
+        self.control = ControlServer(StateStore())  # this machine's ranks' committed state
+        self.engine = self.pool = None
+        self.nics: tuple[str, ...] | None = None
+        self.local_facts = None
+        self.current: Pick | None = None
+
+    # the loop
+    def run(self) -> int:
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        old = {s: signal.signal(s, _raise_interrupt) for s in caught}
+        try:
+            return self._loop()
+        except _Interrupted as it:
+            print(f"trainrun: interrupted by {signal.Signals(it.sig).name} between attempts", file=sys.stderr)
+            return 128 + it.sig
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+            if self.pool is not None:
+                self.pool.close()
+            if self.engine is not None:
+                self.engine.close()
+
+    def _loop(self) -> int:
+        short_since: float | None = None
+        while True:
+            self._idle()
+            now = time.monotonic()
+            pick = pick_hosts(self.source.current(), self.book, now, self.settings, self.np)
+            if not pick.hosts:
+                short_since = short_since or now
+                if now - short_since > self.settings.elastic_timeout:
+                    code = self.failures[-1].exit_code if self.failures else 1
+                    return self._finish(code, f"not enough hosts for {self.settings.elastic_timeout:g}s: {pick.why}")
+                log.info("waiting for hosts: %s", pick.why)
+                self._sleep(1.0)
+                continue
+            short_since = None
+            ready = self._agents_for(pick)
+            if ready is not True:
+                if ready is False:
+                    continue
+                return ready
+            code = self._attempt(pick)
+            if code is not None:
+                return code
+
+    def _agents_for(self, pick: Pick) -> bool | int:
+        """Agents on every remote host of `pick`. True: ready; False: pick again (with elastic sizing a host
+        that cannot be reached sits out; without, it fails the attempt); an int: the job is over, its code."""
+        remote = [h for h in pick.hosts if not h.is_local]
+        if not remote:
+            return True
+        if self.pool is None:
+            from trainrun.fanout.elastic_agents import AgentPool
+            from trainrun.fanout.select import engine_for
+
+            self.engine = engine_for(self.cfg, self.origin)
+            self.pool = AgentPool(self.engine, self.cfg.ssh_timeout + AGENT_START_SLACK, self.cfg.heartbeat_timeout)
+        failed = self.pool.ensure(remote)
+        if not failed:
+            return True
+        if self.attempt == 0 and not self.failures and not self.settings.sizing:
+            raise HostsError(list(failed.values()))  # as without --max-restarts: the job never started
+        for host, err in failed.items():
+            record = FailureRecord(time.time(), self.attempt, host, None, str(err), err.exit_code)
+            if self.settings.sizing:
+                wait = self.book.fail(host, time.monotonic())
+                self.failures.append(replace(record, action=f"{host} sits out " + _for(wait)))
+                print(f"trainrun: {err}; {self.failures[-1].action}", file=sys.stderr, flush=True)
+                continue
+            if not self.settings.restarts_left(self.restarts):
+                self.failures.append(replace(record, action="restarts exhausted"))
+                return self._finish(err.exit_code, None, f"restarts exhausted after {self.restarts} restart(s)")
+            self._restart(record, None)
+            self._sleep(backoff(self.restarts))
+        return False
+
+    def _attempt(self, pick: Pick) -> int | None:
+        """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
+        from trainrun.plan.envcontract import forwarded_env
+        from trainrun.run.attempt import AttemptJob, HostWatch
+        from trainrun.run.local import LocalRanks
+
+        cfg = self.cfg
+        shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
+        agents = {h.name: self.pool.agents[h.name] for h in shape.used if not h.is_local}
+        facts = {name: a.facts for name, a in agents.items()}
+        if shape.has_local:
+            from trainrun.facts.collect import launch_facts
+
+            self.local_facts = self.local_facts or launch_facts()
+            facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
+        nics = self._nics(shape, facts)
+        routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
+        plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
+                         slurm=self.origin.allocation is not None)
+        plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": str(self.attempt), "TRAINRUN_ELASTIC": "1"})
+        by_host, mpi = plan.by_host(), cfg.mpi != "none"
+        log.info("attempt %d: job %s, %d rank(s) on %s", self.attempt, plan.job.job_id, len(plan.procs),
+                 ", ".join(by_host))
+        local = [p for p in plan.procs if p.host not in agents]
+        groups = [LocalRanks(local, pmi=mpi, control=self.control)] if local else []
+        forward = forwarded_env(os.environ)
+        for name, agent in agents.items():
+            agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
+                         heartbeat_timeout=cfg.heartbeat_timeout)
+            groups.append(agent)
+        job = AttemptJob(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace, start_timeout=cfg.start_timeout,
+                         hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir)
+        self.current = Pick(tuple(shape.used), len(plan.procs))
+        job.groups.append(HostWatch(job, self._hosts_changed, lambda u: self._notify(u, list(agents.values()))))
+        result = job.run()
+        self.current = None
+        size = len(plan.procs)
+        if result.interrupted_by is not None:
+            return self._finish(result.exit_code, result.summary(size))
+        self.attempt += 1
+        if result.failure is None and job.reset:
+            log.info("attempt %d: the hosts changed; restarting on them", self.attempt - 1)
+            print(f"trainrun: the hosts changed; restarting ({size} rank(s) committed and left)", file=sys.stderr, flush=True)
+            return None
+        if result.failure is None:
+            return self._finish(0, None)
+        f = result.failure
+        record = FailureRecord(time.time(), self.attempt - 1, job.failed_host, f.rank, f.what, f.exit_code)
+        reason = deterministic(job.ends, size, job.world_formed)
+        if reason is not None:
+            self.failures.append(replace(record, action="not restarted: start-up failure on every rank"))
+            return self._finish(f.exit_code, result.summary(size), reason)
+        if not self.settings.restarts_left(self.restarts):
+            self.failures.append(replace(record, action=f"restarts exhausted ({self.restarts} of {self.settings.max_restarts})"))
+            return self._finish(f.exit_code, result.summary(size), f"restarts exhausted after {self.restarts} restart(s)")
+        self._restart(record, job.failed_host)
+        self._sleep(backoff(self.restarts))
+        return None
+
+    def _restart(self, record: FailureRecord, host: str | None) -> None:
+        """Count a failure that leads to a restart; cool its host down (elastic sizing)."""
+        self.restarts += 1
+        limit = "" if self.settings.max_restarts is None else f" of {self.settings.max_restarts}"
+        action = f"restart {self.restarts}{limit} in {backoff(self.restarts):g}s"
+        if self.settings.sizing and host is not None:
+            wait = self.book.fail(host, time.monotonic())
+            action += f"; {host} sits out " + _for(wait)
+            if self.pool is not None and host in self.pool.agents and self.pool.agents[host].lost:
+                self.pool.drop(host)
+        self.failures.append(replace(record, action=action))
+        print(f"trainrun: {record.cause}; {action}", file=sys.stderr, flush=True)
+
+    def _hosts_changed(self) -> dict | None:
+        """While an attempt runs: would the next one run elsewhere or with more ranks? (the HostWatch asks)"""
+        if self.current is None or not self.settings.sizing:
+            return None
+        pick = pick_hosts(self.source.current(), self.book, time.monotonic(), self.settings, self.np)
+        now_names = {h.name for h in self.current.hosts}
+        new_names = {h.name for h in pick.hosts}
+        if not pick.hosts or (new_names == now_names and pick.np == self.current.np):
+            return None
+        if new_names >= now_names and pick.np <= self.current.np:
+            return None  # a host came back but cannot add a rank (max-np)
+        removed = bool(now_names - new_names)
+        log.info("hosts changed: %s -> %s", sorted(now_names), sorted(new_names))
+        print(f"trainrun: hosts changed ({', '.join(sorted(now_names))} -> {', '.join(sorted(new_names))}); "
+              "telling the ranks to reset at their next commit", file=sys.stderr, flush=True)
+        return {"ts": time.time(), "removed": removed}
+
+    def _notify(self, update: dict, agents) -> None:
+        self.control.notify(update)
+        for agent in agents:
+            agent.notify(update)
+
+    def _nics(self, shape: JobShape, facts) -> tuple[str, ...]:
+        """The NICs: chosen once; chosen again only when a host lacks them (a host that joined later)."""
+        from trainrun.net.choice import choose_nics, nics_present
+
+        if len(shape.used) < 2 or not shape.remote:
+            return ()
+        if self.nics is None or not nics_present(self.nics, facts):
+            self.nics = choose_nics(self.cfg, shape.used, self.engine, facts)
+        return self.nics
+
+    def _idle(self) -> None:
+        if self.pool is not None:
+            for host in self.pool.idle():
+                log.info("lost the agent on %s between attempts", host)
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(IDLE_TICK, left))
+            self._idle()
+
+    def _finish(self, code: int, summary: str | None, reason: str | None = None) -> int:
+        lines = [summary] if summary else []
+        if reason:
+            lines.append(f"trainrun: {reason}")
+        if self.failures:
+            lines.append(f"trainrun: {len(self.failures)} failure(s) in {self.attempt} attempt(s):")
+            lines += [r.line() for r in self.failures]
+        if lines:
+            print("\n".join(lines), file=sys.stderr, flush=True)
+        return code
+
+
+def run_elastic(cfg: LaunchConfig) -> int:
+    """An elastic or restartable launch (--max-restarts, --min-np, --host-discovery-script)."""
+    from trainrun.fanout.select import host_source
+
+    origin = host_source(cfg, os.environ)
+    source = LiveHosts(None if cfg.host_discovery_script else origin.hosts, cfg.host_discovery_script)
+    try:
+        if not source.current():
+            raise TrainrunError(f"--host-discovery-script {cfg.host_discovery_script}: listed no host", exit_code=2)
+        if any(h.is_local for h in source.current()):
+            from trainrun.plan.program import check_local_program
+
+            check_local_program(cfg.command)
+        return ElasticLoop(cfg, cfg.elastic_settings(), source, origin).run()
+    finally:
+        source.close()

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Recovery time of an elastic trainrun job next to torchrun --max-restarts, and the cost of commit().
+
+    python scripts/bench_elastic.py [--rounds 3] [--cluster] [--out docs/benchmarks/elastic.md]
+
+Recovery: a 4-rank job trains (scripts/bench_elastic_worker.py, committing every 5 steps); at step 20
+the victim's ranks are SIGKILLed; the time is from the kill to the first training step printed by the
+restarted job. Scenarios, interleaved round by round on this machine:
+    trainrun --max-restarts      -np 4 on this machine, one rank killed, all 4 restarted from the agents' copy
+    trainrun elastic (pipe)      2 "hosts" x 2 through the pipe engine, one host's ranks killed, 2 go on
+    torchrun --max-restarts      --standalone --nproc-per-node 4, one rank killed, all 4 restarted from the disk checkpoint
+    --cluster adds, on 3 simulated hosts x 2 (SSH): one host's ranks killed; and one host's network cut
+    (--heartbeat-timeout 3), 4 ranks go on.
+commit(): a 2-rank trainrun job commits an ObjectState holding S MiB, 5 times per size; median per commit.
+Medians of --rounds rounds; the machine line says what ran where. Prints a markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import REPO, BenchError, machine_lines, med, testbed_session, write_out  # noqa: E402
+
+WORKER = str(REPO / "scripts" / "bench_elastic_worker.py")
+PIPE = str(REPO / "tests" / "elastic" / "pipe_trainrun.py")
+KILL_AT = 20
+STEP = re.compile(r"step (\d+) size (\d+) restart (\d+) t=([\d.]+)")
+
+
+def victims(token: str, pred) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        if token in " ".join(p.info["cmdline"] or ()):
+            try:
+                if pred(p.environ()):
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+    return out
+
+
+def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: float = 240.0) -> tuple[float, float | None]:
+    """Start `argv`, at step KILL_AT SIGKILL the processes whose environment satisfies `pred` (or call
+    `cut`); return seconds from then to the first step of the restarted job, and to the moment trainrun
+    (-v) started the next attempt (None for torchrun): what the launcher takes, the rest is rank start-up."""
+    token = f"tok{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([*argv, token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    relaunch: list[float] = []
+
+    def watch_stderr():
+        for line in proc.stderr:
+            if re.search(r"attempt [1-9]\d*: job", line):
+                relaunch.append(time.time())
+
+    threading.Thread(target=watch_stderr, daemon=True).start()
+    t_kill = None
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            if time.monotonic() > deadline:
+                raise BenchError(f"no recovery within {timeout:.0f}s: {' '.join(argv[:6])}")
+            m = STEP.search(line)
+            if not m:
+                continue
+            step, _size, restart, t = int(m[1]), int(m[2]), int(m[3]), float(m[4])
+            if t_kill is None and step >= KILL_AT:
+                t_kill = time.time()
+                if cut is not None:
+                    cut()
+                else:
+                    pids = victims(token, pred)
+                    if not pids:
+                        raise BenchError("no victim process found")
+                    for pid in pids:
+                        os.kill(pid, signal.SIGKILL)
+            elif t_kill is not None and restart >= 1:
+                return t - t_kill, (relaunch[0] - t_kill if relaunch else None)
+        raise BenchError(f"job ended before recovering: {' '.join(argv[:8])}")
+    finally:
+        if restore is not None:
+            restore()
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def commit_costs(env: dict, sizes=(1, 16, 64)) -> dict[int, float]:
+    code = ("import time, numpy as np, trainrun.runtime as hvd, trainrun.elastic as el; hvd.init(); "
+            f"sizes = {list(sizes)}; "
+            "s = el.ObjectState(a=np.zeros(1)); out = []\n"
+            "for mib in sizes:\n"
+            "    s.a = np.random.default_rng(0).random(mib << 17); s.commit(); ts = []\n"
+            "    for _ in range(5):\n"
+            "        t = time.perf_counter(); s.commit(); ts.append(time.perf_counter() - t)\n"
+            "    ts.sort(); out.append(f'{mib}:{ts[2]}')\n"
+            "print('costs', *out) if hvd.rank() == 0 else None\n")
+    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", sys.executable, "-c", code],
+                       capture_output=True, text=True, env=env, timeout=300)
+    line = next((x for x in r.stdout.splitlines() if "costs" in x), None)
+    if line is None:
+        raise BenchError(f"commit benchmark failed: {r.stderr[-2000:]}")
+    return {int(k): float(v) for k, v in (p.split(":") for p in line.split("costs", 1)[1].split())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cluster", action="store_true", help="also on 3 simulated hosts (takes the testbed lock)")
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "elastic.md"))
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-elastic-"))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "launcher"), "STEPS": "400", "COMMIT_EVERY": "5",
+           "STEP_PAUSE": "0.1", "CKPT": str(tmp / "ckpt.pt"), "GLOO_SOCKET_IFNAME": "lo"}
+    py = sys.executable
+    scenarios = {
+        "trainrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from the agents' copy)": (
+            [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", "-x", "MODE=trainrun", WORKER],
+            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e),
+        "trainrun elastic, pipe hosts (2x2, 1 host killed; 2 go on)": (
+            [py, PIPE, "-v", "-H", "far1:2,far2:2", "--min-np", "2", "-x", "MODE=trainrun", WORKER],
+            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2"),
+        "torchrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from a disk checkpoint)": (
+            [os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "4", "--max-restarts", "3",
+             WORKER],
+            lambda e: e.get("RANK") == "3" and e.get("MODE") == "torchrun"),
+    }
+    times: dict[str, list[float]] = {k: [] for k in scenarios}
+    relaunches: dict[str, list[float]] = {k: [] for k in scenarios}
+    for r in range(args.rounds):
+        for name, (argv, pred) in scenarios.items():
+            run_env = {**env, "MODE": "torchrun" if "torchrun" in name else "trainrun"}
+            Path(env["CKPT"]).unlink(missing_ok=True)
+            total, relaunch = recovery(argv, run_env, pred)
+            times[name].append(total)
+            if relaunch is not None:
+                relaunches[name].append(relaunch)
+            print(f"round {r + 1}: {name}: {total:.2f}s (relaunch {relaunch})", file=sys.stderr, flush=True)
+    if args.cluster:
+        with testbed_session(3) as tb:
+            wrapper = tmp / "py.sh"
+            wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={REPO / 'launcher'} exec {py} \"$@\"\n")
+            wrapper.chmod(0o755)
+            base = [py, "-m", "trainrun", "-v", "--ssh-config", str(tb.ssh_config), "--python", str(wrapper),
+                    "--hostfile", str(tb.hostfile), "--min-np", "4", "-x", "MODE=trainrun"]
+            links = ["h3-m", "h3-d"]
+
+            def cut():
+                for link in links:
+                    subprocess.run(["ip", "-n", "trt-sw", "link", "set", link, "down"], check=True)
+
+            def restore():
+                for link in links:
+                    subprocess.run(["ip", "-n", "trt-sw", "link", "set", link, "up"], check=False)
+
+            for name, extra, kw in (
+                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's ranks killed; 4 go on", [],
+                     {"pred": lambda e: e.get("TRAINRUN_HOSTNAME") == "h3"}),
+                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's network cut (--heartbeat-timeout 3); 4 go on",
+                     ["--heartbeat-timeout", "3"], {"pred": None, "cut": cut, "restore": restore})):
+                times[name], relaunches[name] = [], []
+                for r in range(args.rounds):
+                    total, relaunch = recovery([*base, *extra, WORKER], {**env, "MODE": "trainrun"}, **kw)
+                    times[name].append(total)
+                    relaunches[name] += [relaunch] if relaunch is not None else []
+                    print(f"round {r + 1}: {name}: {total:.2f}s (relaunch {relaunch})", file=sys.stderr, flush=True)
+    costs = commit_costs({**env})
+    lines = ["# Elastic recovery and commit() cost", "", *machine_lines(), "",
+             f"Time from SIGKILL of the victim (at step {KILL_AT}) to the first training step of the restarted job; "
+             f"median of {args.rounds} round(s), rounds interleaved. `python scripts/bench_elastic.py"
+             f"{' --cluster' if args.cluster else ''} --rounds {args.rounds}`.", "",
+             "The launcher's share is the time from the kill to trainrun starting the next attempt's ranks (detect, stop "
+             "the others, wait for every agent's DONE, 0.5 s back-off, plan, send the JOBs); the rest is the new ranks' "
+             "start-up (interpreter, `import torch`, MPI_Init, `state.sync()`) and one step.", "",
+             "| scenario | kill to next step, median (s) | launcher's share, median (s) | rounds (s) |",
+             "|---|---:|---:|---|"]
+    for name, ts in times.items():
+        share = f"{med(relaunches[name]):.2f}" if relaunches.get(name) else "-"
+        lines.append(f"| {name} | {med(ts):.2f} | {share} | {', '.join(f'{t:.2f}' for t in ts)} |")
+    lines += ["", "`commit()` of an ObjectState holding a NumPy array (2 ranks; local rank 0 leaves the copy with "
+              "the launcher, the other ranks only join the host-update check); median of 5:", "",
+              "| state (MiB) | ms per commit | ms per MiB |", "|---:|---:|---:|"]
+    for mib, s in costs.items():
+        lines.append(f"| {mib} | {s * 1000:.1f} | {s * 1000 / mib:.2f} |")
+    write_out("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as err:
+        print(f"bench: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,48 @@
+"""The elastic options as LaunchConfig sees them: defaults, usage errors with one-line messages."""
+import pytest
+
+from trainrun.cli.config import LaunchConfig
+from trainrun.errors import UsageError
+
+
+def cfg(**kw):
+    return LaunchConfig(command=("train.py",), **kw)
+
+
+def test_max_restarts_defaults_to_0_and_to_unlimited_with_elastic_sizing():
+    assert not cfg(num_proc=2).elastic_settings().enabled
+    assert cfg(num_proc=2, max_restarts=3).elastic_settings().max_restarts == 3
+    s = cfg(hosts="h1:2,h2:2", min_np=2).elastic_settings()
+    assert s.sizing and s.max_restarts is None and s.min_np == 2
+    assert cfg(hosts="h1:2,h2:2", min_np=2, max_restarts=1).elastic_settings().max_restarts == 1
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(num_proc=4, min_np=6), "--min-np 6 is more than -np 4"),
+    (dict(num_proc=4, max_np=2), "--max-np 2 is less than -np 4"),
+    (dict(num_proc=4, min_np=3, max_np=2), "--min-np 3 is more than --max-np 2"),
+    (dict(hosts="h1:2", host_discovery_script="./d.sh"), "--host-discovery-script and -H/--hostfile both given"),
+    (dict(num_proc=2, max_restarts=1, mpi="openmpi"), "--mpi openmpi cannot restart or resize a job"),
+    (dict(num_proc=2, min_np=1, blacklist_cooldown_range=(5.0, 1.0)), "--blacklist-cooldown-range 5 1"),
+])
+def test_bad_elastic_options_are_usage_errors(kw, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("/", "/")):
+        cfg(**kw)
+
+
+def test_a_discovery_script_replaces_hosts_and_np(tmp_path):
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
+    script.chmod(0o755)
+    hosts = cfg(host_discovery_script=str(script)).host_specs()
+    assert [(h.name, h.slots) for h in hosts] == [("h1", 2), ("h2", 1)]
+
+
+def test_a_failing_discovery_script_is_a_usage_error(tmp_path):
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho no inventory >&2\nexit 4\n")
+    script.chmod(0o755)
+    with pytest.raises(UsageError, match="exited with code 4 \\(no inventory\\)"):
+        cfg(host_discovery_script=str(script)).host_specs()
+    with pytest.raises(UsageError, match="cannot run it"):
+        cfg(host_discovery_script=str(tmp_path / "missing.sh")).host_specs()
