@@ -18,6 +18,7 @@ import time
 
 from trainrun.elastic.protocol import RESET_EXIT_CODE
 from trainrun.run.elastic_policy import STARTUP_WINDOW, RankEnd
+from trainrun.run.groups import ExitInfo
 from trainrun.run.job import Job
 from trainrun.run.result import Failure, exit_code_of
 
@@ -40,7 +41,7 @@ class AttemptJob(Job):
     def world_formed(self) -> bool:
         return self.world is not None and len(self.world.initialized) == len(self.plan.procs)
 
-    def on_exit(self, rank: int, returncode: int) -> None:
+    def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
         now = time.monotonic()
         tail = self.sink.stderr_tail(rank)
         self.ends.append(RankEnd(rank, returncode, now - self.started, tail[-1].strip() if tail else ""))
@@ -52,16 +53,19 @@ class AttemptJob(Job):
         early = not self.world_formed and now - self.started < STARTUP_WINDOW
         if returncode > 0 and early and self._stop_deadline is None:
             self.result.returncodes[rank] = returncode
+            how = f"exited with code {returncode}"
+            failure = Failure(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, tuple(tail),
+                              info.at if info else time.time())
+            self._failures.append(failure)  # the Job settles the first failure by time at the end
             if self.result.failure is None:
-                how = f"exited with code {returncode}"
-                self.result.failure = Failure(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, tuple(tail))
+                self.result.failure = failure
                 self.result.exit_code = exit_code_of(returncode)
                 self.failed_host = self._specs[rank].host
             self._settle_until = self._settle_until or now + SETTLE
             return
         if returncode != 0 and self.result.failure is None and self._stop_deadline is None:
             self.failed_host = self._specs[rank].host
-        super().on_exit(rank, returncode)
+        super().on_exit(rank, returncode, info)
 
     def on_host_lost(self, host: str, message: str) -> None:
         if self.result.failure is None and self._stop_deadline is None:
