@@ -96,11 +96,15 @@ def run_job(cfg: LaunchConfig, shape: JobShape, facts: dict) -> int:
 
 
 def check(cfg: LaunchConfig) -> int:
-    """`--check`: print the report; 0 if the job could run, else CheckFailed's code."""
+    """`--check`: print the report; 0 if the job could run, else CheckFailed's code (also when --perf-strict
+    and --perf found the job would run degraded)."""
     from trainrun.check.collect import run_check
     from trainrun.check.report import render_report, report_json
     from trainrun.errors import CheckFailed
 
     report = run_check(cfg)
-    print(report_json(report) if cfg.json else render_report(report))
-    return 0 if report.ok else CheckFailed.exit_code
+    color = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    print(report_json(report) if cfg.json else render_report(report, color))
+    if not report.ok or (cfg.perf_strict and report.degraded):
+        return CheckFailed.exit_code
+    return 0

@@ -1,4 +1,5 @@
-"""The `cluster` fixture: 3 simulated hosts (scripts/testbed.py) for the whole test session.
+"""The `cluster` fixture: 3 simulated hosts (scripts/testbed.py) for the whole test session; `cluster4`
+grows it to 4 for the tests that need them.
 
 Skips with the reason when the machine cannot host them (not root, no namespaces, no sshd), when another
 session holds the testbed lock for longer than LOCK_WAIT_S, or when a testbed brought up from the command
@@ -56,3 +57,9 @@ def cluster():
             assert not left, f"testbed teardown left {left}"
     finally:
         os.close(fd)
+
+
+@pytest.fixture(scope="session")
+def cluster4(cluster):
+    """The session's testbed grown to 4 hosts (h4 added on first use; `cluster.hostfile` still lists h1..h3)."""
+    return testbed.grow(4)

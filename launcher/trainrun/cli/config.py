@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import click
 
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import HostSpec, parse_hosts_arg, read_hostfile
+from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ class LaunchConfig:
     network_interface: str | None = None
     no_cache: bool = False
     check: bool = False
+    perf: bool = False
+    perf_strict: bool = False
+    perf_time: float | None = None
+    exclude: str | None = None
     dry_run: bool = False
     json: bool = False
     verbose: bool = False
@@ -54,13 +58,21 @@ class LaunchConfig:
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
+        if (self.perf_strict or self.perf_time is not None) and not self.perf:
+            raise UsageError("--perf-strict and --perf-time go with --perf; write --check --perf --perf-strict")
+        if self.perf and not self.check:
+            raise UsageError("--perf goes with --check; write trainrun -H ... --check --perf")
+        parse_exclude(self.exclude)  # a bad entry is a usage error before anything starts
 
     def host_specs(self) -> list[HostSpec]:
+        """The job's hosts, less those --exclude names (every planning path starts here)."""
         if self.hosts:
-            return parse_hosts_arg(self.hosts)
-        if self.hostfile:
-            return read_hostfile(self.hostfile)
-        return [HostSpec("localhost", self.num_proc)]
+            specs = parse_hosts_arg(self.hosts)
+        elif self.hostfile:
+            specs = read_hostfile(self.hostfile)
+        else:
+            specs = [HostSpec("localhost", self.num_proc)]
+        return apply_exclude(specs, parse_exclude(self.exclude)) if self.exclude else specs
 
     def exported_env(self, environ) -> dict[str, str]:
         """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment)."""
