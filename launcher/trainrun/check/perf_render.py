@@ -98,11 +98,11 @@ def render_perf(r: PerfResult, found: list[Finding], color: bool = False) -> lis
         out += ["", "Allreduce over the job's plan"]
         pred = collective_prediction(r)
         if r.collective:
-            out += render_table(("SIZE", "TIME", "BUS BW", "OF SLOWEST LINK"), [
+            out += render_table(("SIZE", "TIME", "BUS BW", f"OF SLOWEST LINK ON {r.nics[0]}" if r.nics else "OF SLOWEST LINK"), [
                 (f"{c.size_bytes >> 10} KiB", f"{c.seconds * 1e3:.2f} ms", f"{c.busbw_mbps:.0f} Mb/s",
                  f"{c.busbw_mbps / pred:.0%}" if pred else "?") for c in r.collective], "  ")
             if pred:
-                out.append(f"  the slowest measured link predicts at most {pred:.0f} Mb/s of bus bandwidth")
+                out.append(f"  the slowest link on {r.nics[0]} predicts at most {pred:.0f} Mb/s of bus bandwidth (ring allreduce)")
         else:
             out.append(f"  {r.collective_error}")
     out.append("")

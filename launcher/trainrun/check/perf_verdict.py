@@ -213,16 +213,16 @@ def clock_findings(r: PerfResult) -> list[Finding]:
 
 
 def collective_findings(r: PerfResult) -> list[Finding]:
-    slowest = min((s.mbps for s in r.links if s.mbps), default=None)
+    slowest = collective_prediction(r)
     if not r.collective or not slowest:
         return []
     best = max(c.busbw_mbps for c in r.collective)
     if best >= COLLECTIVE_NOTE_FRACTION * slowest:
         return []
     return [Finding("collective", "allreduce",
-                    f"allreduce bus bandwidth {_fmt_mbps(best)} is {best / slowest:.0%} of the slowest link's {_fmt_mbps(slowest)}",
-                    "the MPI may use another NIC than measured (pin one with --network-interface), or the hosts' CPUs "
-                    "limit it", degrades=False)]
+                    f"allreduce bus bandwidth {_fmt_mbps(best)} is {best / slowest:.0%} of the slowest link's "
+                    f"{_fmt_mbps(slowest)} on {r.nics[0]}",
+                    "the MPI may use another NIC than measured, or the hosts' CPUs limit it", degrades=False)]
 
 
 def findings(r: PerfResult) -> list[Finding]:
@@ -244,5 +244,6 @@ def exclude_advice(found: list[Finding]) -> str:
 
 
 def collective_prediction(r: PerfResult) -> float | None:
-    """The bus bandwidth a ring allreduce could reach: the slowest measured link (Mb/s)."""
-    return min((s.mbps for s in r.links if s.mbps), default=None)
+    """The bus bandwidth a ring allreduce could reach: the slowest measured link (Mb/s) on the job's first
+    NIC (the one a launch names first in NCCL_SOCKET_IFNAME and its kin)."""
+    return min((s.mbps for s in r.links if s.mbps and r.nics and s.nic == r.nics[0]), default=None)

@@ -239,6 +239,8 @@ def main(argv: list[str]) -> int:
     # extra cores must not hide a process that competes with the job for its CPUs.
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = "1"
+    import numpy  # noqa: F401  (now: an import must not land inside the first compute probe)
+
     token = json.loads(sys.stdin.readline() or "{}").get("token")
     if not token:
         print("linkbench: no token on stdin", file=sys.stderr)
