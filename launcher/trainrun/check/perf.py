@@ -133,19 +133,30 @@ def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
                     benches[h] = fut.result()
                 except Exception as e:  # the transport or the module: a finding on that host, not a crash
                     result.skipped.append(f"{h}: the probe did not start ({e or type(e).__name__})")
+        mark = lap(result.phases, "start", t_start)
         clocks = measure_clocks(benches)
+        mark = lap(result.phases, "clocks", mark)
         result.host_samples = measure_compute(benches, clocks, progress)
+        mark = lap(result.phases, "compute", mark)
         result.links = measure_links(benches, rounds, nics, seconds, deadline, progress, result.skipped)
+        mark = lap(result.phases, "links", mark)
         if cfg.mpi != "none":
             progress("allreduce over the job's plan")
             left = None if deadline is None else deadline + COLLECTIVE_ESTIMATE_S - time.monotonic()
             result.collective, result.collective_error = run_collective(cfg, max(30.0, left or 120.0))
+            lap(result.phases, "collective", mark)
     finally:
         progress.done()
         for b in benches.values():
             b.close()
     result.wall_s = time.monotonic() - t_start
     return result
+
+
+def lap(phases: dict, name: str, since: float) -> float:
+    now = time.monotonic()
+    phases[name] = round(now - since, 3)
+    return now
 
 
 def measure_clocks(benches: dict[str, Bench]) -> dict[str, tuple[float, float]]:

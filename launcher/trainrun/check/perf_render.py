@@ -128,6 +128,7 @@ def perf_json(r: PerfResult, found: list[Finding]) -> dict:
         "rounds": r.rounds,
         "seconds_per_direction": r.seconds_per_direction,
         "wall_s": r.wall_s,
+        "phases": r.phases,
         "links": {nic: {"reference_mbps": link_reference(r.links, nic, r.hosts)[0],
                         "matrix": [[None if a == b or (a, b) not in link_matrix(r.links, nic)
                                     else link_matrix(r.links, nic)[(a, b)].mbps for b in r.hosts] for a in r.hosts],

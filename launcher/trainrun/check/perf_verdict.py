@@ -83,6 +83,7 @@ class PerfResult:
     rounds: int = 0
     seconds_per_direction: float = 0.0
     wall_s: float = 0.0
+    phases: dict = field(default_factory=dict)       # {phase: seconds}: start, clocks, compute, links, collective
     skipped: list[str] = field(default_factory=list)  # what the budget or a failure left out
 
 
