@@ -53,7 +53,7 @@ class Bench:
     """One host's linkbench, one command at a time (a host is in one pair per round)."""
 
     def __init__(self, engine, host: str, token: str, timeout: float):
-        self.host, self.lock = host, threading.Lock()
+        self.host, self.lock, self.broken = host, threading.Lock(), ""
         self.ch = engine.run_module(host, "trainrun.net.linkbench", host, timeout=timeout)
         self.ch.send((json.dumps({"token": token}) + "\n").encode())
         line = self.ch.readline()
@@ -66,12 +66,20 @@ class Bench:
         self.listen = first["listen"]
 
     def call(self, op: dict) -> dict:
+        """One command, one answer. After a failure (a timeout) the channel is out of step with its answers,
+        so every later call fails at once with the first error."""
         with self.lock:
-            self.ch.send((json.dumps(op) + "\n").encode())
-            line = self.ch.readline()
-        if not line:
-            raise OSError("linkbench ended")
-        return json.loads(line)
+            if self.broken:
+                raise OSError(self.broken)
+            try:
+                self.ch.send((json.dumps(op) + "\n").encode())
+                line = self.ch.readline()
+                if not line:
+                    raise OSError("linkbench ended")
+                return json.loads(line)
+            except (OSError, ValueError) as e:
+                self.broken = f"{self.host}'s probe: {e or type(e).__name__}"
+                raise OSError(self.broken) from None
 
     def address(self, nic: str) -> tuple[str, int] | None:
         return next(((a, p) for n, a, p in self.listen if n == nic), None)
