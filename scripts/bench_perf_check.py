@@ -11,7 +11,7 @@ hosts, one slot each. The hosts run this checkout's trainrun through a --python 
             phases (link rounds = N-1 for even N: the link phase should grow ~linearly)
   iperf3    h1 -> h2 on eth1, unshaped and with tbf 500mbit on both ends of h2's eth1: iperf3 (-t 2,
             receiver's figure) and --perf's tx figure from a 2-host run whose --perf-time gives 2 s per
-            direction, alternated --iperf-reps times; medians and their ratio. Needs iperf3 (apt-get install iperf3).
+            direction (--perf-time 15, --mpi none), alternated --iperf-reps times; medians and their ratio. Needs iperf3 (apt-get install iperf3).
   healthy   --healthy-runs runs of `--check --perf --perf-strict --mpi none` on 4 hosts: runs that exit 4
             (a false alarm: nothing is wrong with these hosts) and what they named.
 """
@@ -110,7 +110,7 @@ def versus_iperf(tb, tmp: Path, wrapper: Path, reps: int) -> list[str]:
             for _ in range(reps):
                 ip.append(iperf3(tb))
                 big.append(iperf3(tb, "-l", "256K"))
-                two.append(ours(tb, hf, wrapper, "26"))
+                two.append(ours(tb, hf, wrapper, "15"))
                 half.append(ours(tb, hf, wrapper, None))
                 print(f"  {label}: iperf3 {ip[-1]:.0f} / {big[-1]:.0f}, perf 2 s {two[-1]:.0f}, perf 0.5 s {half[-1]:.0f}",
                       file=sys.stderr, flush=True)

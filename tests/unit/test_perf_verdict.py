@@ -151,6 +151,8 @@ def test_link_seconds_follow_the_budget():
     assert link_seconds(None, 3, 2, 4) == DEFAULT_SECONDS
     assert link_seconds(1000.0, 3, 2, 4) == 3.0 and link_seconds(5.0, 15, 2, 16) == 0.1
     assert 0.1 < link_seconds(40.0, 3, 2, 4) < 3.0
+    s = link_seconds(26.0, 1, 2, 2, collective=False)  # one round: it must fit what the skip rule allows
+    assert 2 * (2 * s + 0.3) <= 26.0 - 3.0 - 1.2
 
 
 def test_versions_table_reads_the_facts():

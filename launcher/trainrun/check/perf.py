@@ -48,6 +48,8 @@ PINGS = 20
 RETESTS = 2                                     # alone, for a link under the threshold, until one clears it
 COLLECTIVE_SIZES = (1 << 16, 1 << 20, 1 << 23)   # bytes: 64 KiB, 1 MiB, 8 MiB
 COLLECTIVE_ESTIMATE_S = 15.0                    # what the budget keeps for the MPI world's start and run
+START_ESTIMATE_S = 3.0                          # starting the host probes
+ROUND_OVERHEAD_S = 0.3                          # per round and NIC: connects, RTT pings, answers
 
 
 class Bench:
@@ -111,13 +113,15 @@ def versions_table(facts: dict) -> dict:
     return {label: {h: getattr(f, name) for h, f in facts.items()} for label, name in VERSION_FIELDS}
 
 
-def link_seconds(perf_time: float | None, rounds: int, nics: int, hosts: int) -> float:
-    """Seconds per direction per pair and NIC: DEFAULT_SECONDS, or what --perf-time leaves for the links."""
+def link_seconds(perf_time: float | None, rounds: int, nics: int, hosts: int, collective: bool = True) -> float:
+    """Seconds per direction per pair and NIC: DEFAULT_SECONDS, or what --perf-time leaves for the links once
+    the start, the compute probes and (with MPI) the collective have their share. Matches the rule that
+    skips a round that no longer fits (measure_links: per round and NIC, 2 x seconds + ROUND_OVERHEAD_S)."""
     if perf_time is None:
         return DEFAULT_SECONDS
-    fixed = COLLECTIVE_ESTIMATE_S + COMPUTE_REPS * COMPUTE_SECONDS * hosts
-    per = (perf_time - fixed) / max(1, rounds * nics) / 2.4  # tx + rx, plus ~20% for RTT, connects, retests
-    return max(0.1, min(3.0, per))
+    fixed = START_ESTIMATE_S + COMPUTE_REPS * COMPUTE_SECONDS * hosts + (COLLECTIVE_ESTIMATE_S if collective else 0)
+    per_round_nic = (perf_time - fixed) / max(1, rounds * nics) * 0.8  # 20% for re-measuring suspects
+    return max(0.1, min(3.0, (per_round_nic - ROUND_OVERHEAD_S) / 2))
 
 
 def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
@@ -127,8 +131,10 @@ def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
     hosts = list(facts)
     nics = [r.name for r in routable if r.subnet is None]
     rounds = round_robin(hosts) if len(hosts) > 1 else []
-    seconds = link_seconds(cfg.perf_time, len(rounds), len(nics), len(hosts))
-    deadline = t_start + cfg.perf_time - COLLECTIVE_ESTIMATE_S if cfg.perf_time else None
+    collective = cfg.mpi != "none"
+    seconds = link_seconds(cfg.perf_time, len(rounds), len(nics), len(hosts), collective)
+    reserve = COLLECTIVE_ESTIMATE_S if collective else 0.0
+    deadline = t_start + cfg.perf_time - reserve if cfg.perf_time else None
     result = PerfResult(hosts, nics, versions=versions_table(facts), rounds=len(rounds), seconds_per_direction=seconds)
     progress = Progress()
     token = secrets.token_hex(16)
@@ -149,9 +155,9 @@ def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
         mark = lap(result.phases, "compute", mark)
         result.links = measure_links(benches, rounds, nics, seconds, deadline, progress, result.skipped)
         mark = lap(result.phases, "links", mark)
-        if cfg.mpi != "none":
+        if collective:
             progress("allreduce over the job's plan")
-            left = None if deadline is None else deadline + COLLECTIVE_ESTIMATE_S - time.monotonic()
+            left = None if deadline is None else deadline + reserve - time.monotonic()
             result.collective, result.collective_error = run_collective(cfg, max(30.0, left or 120.0))
             lap(result.phases, "collective", mark)
     finally:
@@ -258,7 +264,7 @@ def measure_links(benches: dict[str, Bench], rounds: list, nics: list[str], seco
                   progress, skipped: list[str]) -> list[LinkSample]:
     hosts = [h for h in benches]
     samples: dict[tuple[str, str, str], LinkSample] = {}
-    per_round = len(nics) * (2 * seconds + 0.3)
+    per_round = len(nics) * (2 * seconds + ROUND_OVERHEAD_S)
     for i, pairs in enumerate(rounds, 1):
         pairs = [(a, b) for a, b in pairs if a in benches and b in benches]
         if deadline is not None and time.monotonic() + per_round > deadline:
@@ -273,7 +279,7 @@ def measure_links(benches: dict[str, Bench], rounds: list, nics: list[str], seco
                         samples[(s.nic, s.src, s.dst)] = s
     suspects = suspect_pairs(list(samples.values()), nics, hosts)
     for j, (nic, a, b) in enumerate(suspects[: 2 * len(hosts)], 1):
-        if deadline is not None and time.monotonic() + 2 * seconds > deadline + COLLECTIVE_ESTIMATE_S / 2:
+        if deadline is not None and time.monotonic() + 2 * seconds + ROUND_OVERHEAD_S > deadline:
             skipped.append(f"re-measuring {a}<->{b} on {nic}: --perf-time spent")
             continue
         for attempt in range(RETESTS):
