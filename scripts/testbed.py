@@ -209,9 +209,7 @@ def _build(n: int, st: Path, owner: str) -> None:
     shutil.copy(st / "id_ed25519.pub", st / "authorized_keys")
     hosts = [Host(i, f"h{i}", f"{PREFIX}h{i}", f"{MGMT}.{i + 1}", f"{DATA}.{i + 1}", st / f"h{i}")
              for i in range(1, n + 1)]
-    etc_hosts = Path("/etc/hosts").read_text().rstrip("\n") + "\n"
-    etc_hosts += "".join(f"{h.mgmt_ip} {h.name}\n{h.data_ip} {h.name}-data\n" for h in hosts)
-    (st / "hosts").write_text(etc_hosts)
+    (st / "hosts").write_text(_hosts_file(hosts))
     if n > 16:  # one ARP table for all namespaces: a full mesh overflows the default gc_thresh3 (1024)
         keys = [f"net.ipv4.neigh.default.gc_thresh{k}" for k in (1, 2, 3)]
         (st / "neigh.saved").write_text(json.dumps({k: sh("sysctl", "-n", k).strip() for k in keys}))
@@ -229,9 +227,22 @@ def _build(n: int, st: Path, owner: str) -> None:
     sh("ip", "addr", "add", f"{MGMT}.1/24", "dev", ROOT_LINK)
     sh("ip", "link", "set", ROOT_LINK, "up")
 
-    known = []
     for h in hosts:
         _build_host(h, st)
+    _write_client_files(hosts, st, owner)
+    for h in hosts:
+        _wait_banner(h.mgmt_ip)
+
+
+def _hosts_file(hosts: list[Host]) -> str:
+    text = Path("/etc/hosts").read_text().rstrip("\n") + "\n"
+    return text + "".join(f"{h.mgmt_ip} {h.name}\n{h.data_ip} {h.name}-data\n" for h in hosts)
+
+
+def _write_client_files(hosts: list[Host], st: Path, owner: str, hostfile: bool = True) -> None:
+    """known_hosts, ssh_config, state.json and (with `hostfile`) the hostfile for `hosts`, rewritten."""
+    known = []
+    for h in hosts:
         key = (h.dir / "ssh_host_ed25519_key.pub").read_text().split()[:2]
         names = [h.name, f"{h.name}-data", h.mgmt_ip, h.data_ip]
         if h.index == ISOLATED_HOST:
@@ -243,11 +254,36 @@ def _build(n: int, st: Path, owner: str) -> None:
         + f"Host h* {MGMT}.* {DATA}.* {ISOLATED}.*\n  User root\n  IdentityFile {st}/id_ed25519\n"
         f"  IdentitiesOnly yes\n  UserKnownHostsFile {st}/known_hosts\n  StrictHostKeyChecking yes\n"
         "  BatchMode yes\n  ConnectTimeout 5\n  LogLevel ERROR\n")
-    (st / "hostfile").write_text("".join(f"{h.name} slots=2\n" for h in hosts))
+    if hostfile:
+        (st / "hostfile").write_text("".join(f"{h.name} slots=2\n" for h in hosts))
     state = {"owner": owner, "hosts": [{**h.__dict__, "dir": str(h.dir)} for h in hosts]}
     (st / "state.json").write_text(json.dumps(state, indent=1))
-    for h in hosts:
+
+
+def grow(n: int, state_dir: Path = STATE_DIR) -> Testbed:
+    """Add hosts to the testbed that is up until it has n (no-op when it has as many), for tests that need
+    more hosts than the session's testbed has, without taking it down: its hosts, keys, sshds and hostfile
+    (still the hosts `up` made) stay as they are; ssh_config and known_hosts gain the new hosts."""
+    tb = Testbed(state_dir)
+    if n <= len(tb.hosts):
+        return tb
+    if n > 16:
+        raise TestbedError("grow is for small testbeds (up to 16 hosts); bring up a bigger one with up(n)")
+    st = tb.state_dir
+    new = [Host(i, f"h{i}", f"{PREFIX}h{i}", f"{MGMT}.{i + 1}", f"{DATA}.{i + 1}", st / f"h{i}")
+           for i in range(len(tb.hosts) + 1, n + 1)]
+    hosts = tb.hosts + new
+    with open(st / "hosts", "r+") as f:  # in place: every host's /etc/hosts is a bind mount of this inode
+        f.write(_hosts_file(hosts))
+        f.truncate()
+    try:
+        for h in new:
+            _build_host(h, st)
+    finally:
+        _write_client_files([h for h in hosts if (h.dir / "holder.pid").exists()], st, tb.owner, hostfile=False)
+    for h in new:
         _wait_banner(h.mgmt_ip)
+    return Testbed(state_dir)
 
 
 def _build_host(h: Host, st: Path) -> None:

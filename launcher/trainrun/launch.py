@@ -120,7 +120,8 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
 
 
 def check(cfg: LaunchConfig) -> int:
-    """`--check`: print the report; 0 if the job could run, else CheckFailed's code."""
+    """`--check`: print the report; 0 if the job could run, else CheckFailed's code (also when --perf-strict
+    and --perf found the job would run degraded)."""
     from trainrun.check.collect import run_check
     from trainrun.check.report import render_report, report_json
     from trainrun.errors import CheckFailed
@@ -135,7 +136,9 @@ def check(cfg: LaunchConfig) -> int:
             doc["elastic"] = elastic.to_json()
         print(json.dumps(doc, indent=2))
     else:
-        print(render_report(report))
+        print(render_report(report, sys.stdout.isatty() and "NO_COLOR" not in os.environ))
         if elastic.enabled:
             print(elastic.describe())
-    return 0 if report.ok else CheckFailed.exit_code
+    if not report.ok or (cfg.perf_strict and report.degraded):
+        return CheckFailed.exit_code
+    return 0

@@ -1,4 +1,5 @@
-"""The `cluster` fixture: 3 simulated hosts (scripts/testbed.py) for the whole test session.
+"""The `cluster` fixture: 3 simulated hosts (scripts/testbed.py) for the whole test session; `cluster4`
+grows it to 4 for the tests that need them.
 
 Skips with the reason when the machine cannot host them (not root, no namespaces, no sshd), when another
 session holds the testbed lock for longer than LOCK_WAIT_S, or when a testbed brought up from the command
@@ -80,3 +81,9 @@ def slurm(cluster):
     finally:
         left = slurm_testbed.down(cluster.state_dir)
         assert not left, f"slurm teardown left {left}"
+
+
+@pytest.fixture(scope="session")
+def cluster4(cluster):
+    """The session's testbed grown to 4 hosts (h4 added on first use; `cluster.hostfile` still lists h1..h3)."""
+    return testbed.grow(4)

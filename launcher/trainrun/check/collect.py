@@ -158,10 +158,31 @@ def run_check(cfg) -> CheckReport:
             ranks = assign(cfg, shape, {c.host: c.facts for c in checks})
         if routable:
             save_nic_choice(hosts, cfg, nic_names)
+        perf = None
+        if cfg.perf:
+            perf = perf_step(cfg, engine, checks, routable, servers, problems)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings,
-                           np=requested_np(cfg, hosts, source.default_np), source=source.reason)
+                           np=requested_np(cfg, hosts, source.default_np), source=source.reason, perf=perf)
     finally:
         for s in servers.values():
             s.channel.close()
         if engine is not None:
             engine.close()
+
+
+def perf_step(cfg, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):
+    """`--perf`: the measurements (check/perf.py) when the job could run and every host is reached through
+    the engine; otherwise only the sameness table from the facts, with the reason the rest was skipped."""
+    from trainrun.check.perf import run_perf, versions_table
+    from trainrun.check.perf_verdict import PerfResult
+
+    facts = {c.host: c.facts for c in checks if c.ok}
+    if problems:
+        why = "the check found problems (above); fix them first"
+    elif any(c.via == "local" for c in checks) or engine is None:
+        why = "every host must be reached remotely (list this machine by a remote-reachable name)"
+    elif len(checks) > 1 and not routable:
+        why = "no NIC routes between all hosts"
+    else:
+        return run_perf(cfg, engine, facts, routable)
+    return PerfResult(list(facts), [], versions=versions_table(facts), skipped=[f"measurements: {why}"])

@@ -39,6 +39,18 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
     np: int = 0                     # ranks asked for
     source: str = ""                # where the hosts came from and how they are reached (fanout/select.py)
+    perf: object = None             # perf_verdict.PerfResult with --perf
+
+    @property
+    def perf_findings(self) -> list:
+        from trainrun.check.perf_verdict import findings
+
+        return findings(self.perf) if self.perf is not None else []
+
+    @property
+    def degraded(self) -> bool:
+        """--perf found an outlier or a mismatch (the job can run, but slower or unevenly)."""
+        return any(f.degrades for f in self.perf_findings)
 
     @property
     def ok(self) -> bool:
@@ -74,7 +86,7 @@ def evaluate(hosts: list[HostCheck], nics: list[str], local_ranks: dict[str, int
     return problems, warnings
 
 
-def render_report(r: CheckReport) -> str:
+def render_report(r: CheckReport, color: bool = False) -> str:
     out = [f"Hosts ({r.source})" if r.source else "Hosts"]
     rows = []
     for h in r.hosts:
@@ -100,10 +112,19 @@ def render_report(r: CheckReport) -> str:
     out += [f"problem: {p}" for p in r.problems]
     n = len(r.hosts)
     out.append(f"verdict: OK, {len(r.ranks)} rank(s) on {n} host(s) can run" if r.ok else f"verdict: FAILED, {len(r.problems)} problem(s); the job would not run")
+    if r.perf is not None:
+        from trainrun.check.perf_render import render_perf
+
+        out += render_perf(r.perf, r.perf_findings, color)
     return "\n".join(out)
 
 
 def report_json(r: CheckReport) -> str:
+    perf = None
+    if r.perf is not None:
+        from trainrun.check.perf_render import perf_json
+
+        perf = perf_json(r.perf, r.perf_findings)
     return json.dumps({
         "ok": r.ok,
         "hosts_from": r.source,
@@ -113,4 +134,5 @@ def report_json(r: CheckReport) -> str:
         "nics": r.nics,
         "nic_table": [dict(zip(("host", "nic", "addresses", "up", "speed", "verdict"), row)) for row in r.nic_rows],
         "ranks": [{"rank": a.rank, "host": a.host.name, "local_rank": a.local_rank, "cross_rank": a.cross_rank, "gpus": list(a.gpus)} for a in r.ranks],
+        "perf": perf,
     }, indent=2)

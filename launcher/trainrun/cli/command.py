@@ -16,6 +16,7 @@ Examples:
   trainrun -H localhost:2,127.0.0.1:2 ./a.out  2 "hosts" x 2 slots
   trainrun --hostfile hostfiles/local.txt --dry-run train.py
   trainrun -H node1:4,node2:4 --check          is every host ready? (exit 0 if the job could run)
+  trainrun --hostfile hosts --check --perf     will it run at full speed? (which host or link is slow)
   trainrun --config run.yaml train.py         options from YAML; flags override
   salloc -N3 trainrun train.py                inside Slurm: hosts, slots and -np from the allocation, via srun
   trainrun --sbatch -N 3 --time=10 --wait train.py    submit as a batch job and follow it
@@ -129,6 +130,10 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Elastic: seconds to wait for --min-np ranks' worth of hosts before giving up.")
 @click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
+@click.option("--perf", is_flag=True, help="With --check: measure every link (pairs in parallel rounds), host compute, an allreduce over the plan, versions and clocks; name the outliers.")
+@click.option("--perf-strict", is_flag=True, help="With --perf: exit 4 when the job would run degraded (an outlier host or link, a version mismatch).")
+@click.option("--perf-time", type=click.FloatRange(min=1), metavar="SECONDS", help="With --perf: total time budget (default: 0.5 s per direction, pair and NIC).")
+@click.option("--exclude", metavar="HOST[,HOST|HOST:GPU]", help="Leave these hosts (or GPUs of a host) out of the job, as --check --perf advises.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
 @click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import click
 
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import HostSpec, parse_hosts_arg, read_hostfile
+from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class LaunchConfig:
     blacklist_cooldown_range: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
     check: bool = False
+    perf: bool = False
+    perf_strict: bool = False
+    perf_time: float | None = None
+    exclude: str | None = None
     dry_run: bool = False
     json: bool = False
     verbose: bool = False
@@ -65,6 +69,11 @@ class LaunchConfig:
         self._check_elastic()
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
+        if (self.perf_strict or self.perf_time is not None) and not self.perf:
+            raise UsageError("--perf-strict and --perf-time go with --perf; write --check --perf --perf-strict")
+        if self.perf and not self.check:
+            raise UsageError("--perf goes with --check; write trainrun -H ... --check --perf")
+        parse_exclude(self.exclude)  # a bad entry is a usage error before anything starts
         if self.show_ranks is not None:
             self.shown_ranks()
 
@@ -111,18 +120,24 @@ class LaunchConfig:
     def host_specs(self) -> list[HostSpec]:
         """The hosts of -H or --hostfile, or those --host-discovery-script lists now (it runs once); without
         any, this machine with -np slots (UsageError without -np: fanout/select.py first looks for a Slurm
-        allocation to take the hosts from)."""
+        allocation to take the hosts from). Less those --exclude names: every planning path starts here."""
         if self.host_discovery_script:
             from trainrun.run.discovery import run_script
 
-            return run_script(self.host_discovery_script)
-        if self.hosts:
-            return parse_hosts_arg(self.hosts)
-        if self.hostfile:
-            return read_hostfile(self.hostfile)
-        if self.num_proc is None:
+            specs = run_script(self.host_discovery_script)
+        elif self.hosts:
+            specs = parse_hosts_arg(self.hosts)
+        elif self.hostfile:
+            specs = read_hostfile(self.hostfile)
+        elif self.num_proc is None:
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
-        return [HostSpec("localhost", self.num_proc)]
+        else:
+            specs = [HostSpec("localhost", self.num_proc)]
+        return self.without_excluded(specs)
+
+    def without_excluded(self, specs: list[HostSpec]) -> list[HostSpec]:
+        """`specs` less the hosts --exclude names (a Slurm allocation's hosts go through here too)."""
+        return apply_exclude(specs, parse_exclude(self.exclude)) if self.exclude else specs
 
     def exported_env(self, environ) -> dict[str, str]:
         """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment)."""

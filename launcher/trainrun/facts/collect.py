@@ -57,8 +57,42 @@ def check_facts() -> HostFacts:
     return replace(
         launch_facts(), nics=tuple(local_nics()), os=f"{platform.system()} {platform.release()}", distro=_distro(),
         python_version=platform.python_version(), gpu_models=tuple(g.name for g in query_nvidia_smi()),
-        **mpi_facts(),
+        **mpi_facts(), **version_facts(),
     )
+
+
+def version_facts() -> dict:
+    """Installed versions of the frameworks a job may use, as HostFacts fields. From package metadata,
+    not imports: torch or TensorFlow would cost seconds to import, and a version is all --check needs."""
+    from importlib import metadata
+
+    def version(*dists: str) -> str | None:
+        for dist in dists:
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    return {"numpy": version("numpy"), "torch": version("torch"),
+            "tensorflow": version("tensorflow", "tensorflow-cpu", "tf-nightly"),
+            "nccl": version("nvidia-nccl-cu12", "nvidia-nccl-cu11", "nvidia-nccl-cu13"),
+            "cuda_driver": _cuda_driver()}
+
+
+def _cuda_driver() -> str | None:
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
 
 
 def _distro() -> str:

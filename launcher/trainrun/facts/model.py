@@ -2,7 +2,7 @@
 
 `HostFacts` travels as JSON (the agent's HELLO frame, `python -m trainrun.facts`); `to_json` and
 `from_json` are the only places its keys are spelled. The launch set (hostname ... nics) is always
-there; the `--check` set (os ... vendor) is filled only by `check_facts()` and is empty otherwise.
+there; the `--check` set (os ... nccl) is filled only by `check_facts()` and is empty otherwise.
 """
 from __future__ import annotations
 
@@ -68,6 +68,12 @@ class HostFacts:
     mpi: str | None = None           # MPI library version line, None when none is usable
     vendor: str | None = None
     mpi_error: str = ""              # why `mpi` is None
+    # --check only, the sameness table of `--check --perf` (None: not installed there)
+    numpy: str | None = None
+    torch: str | None = None
+    tensorflow: str | None = None
+    cuda_driver: str | None = None   # nvidia-smi's driver version, None without GPUs
+    nccl: str | None = None          # the NCCL wheel's version (nvidia-nccl-cu*), None when absent
 
     def nic(self, name: str) -> Nic | None:
         return next((n for n in self.nics if n.name == name), None)

@@ -47,7 +47,7 @@ def host_source(cfg, environ: Mapping[str, str]) -> HostSource:
         flag = "-H" if cfg.hosts else "--hostfile"
         return HostSource(cfg.host_specs(), engine, f"hosts from {flag}, reached over {engine}", allocation=alloc)
     if alloc is not None:
-        hosts = [HostSpec(h.name, h.slots) for h in alloc.hosts]
+        hosts = cfg.without_excluded([HostSpec(h.name, h.slots) for h in alloc.hosts])
         why = "--engine slurm" if cfg.engine == "slurm" else "inside a Slurm allocation (SLURM_JOB_ID) with no -H/--hostfile"
         return HostSource(hosts, "slurm", f"{alloc.describe()}; hosts and slots from the allocation, reached through srun "
                           f"({why})", default_np=alloc.default_np, allocation=alloc)

@@ -181,3 +181,44 @@ def is_local_name(name: str) -> bool:
     if name in (own, own.split(".")[0]):
         return True
     return name in _local_addresses()
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """What `--exclude` takes out of a job: whole hosts, and single GPUs of a host (`host:gpu`)."""
+
+    hosts: frozenset = frozenset()
+    gpus: tuple = ()   # (host, gpu id) pairs
+
+    def gpus_of(self, host: str) -> frozenset:
+        return frozenset(g for h, g in self.gpus if h == host)
+
+
+def parse_exclude(text: str | None) -> Exclusion:
+    """`--exclude h7`, `--exclude h7,h9`, `--exclude h3:1,h3:2` (GPUs 1 and 2 of h3). Raises UsageError."""
+    if not text:
+        return Exclusion()
+    hosts, gpus = set(), []
+    for entry in text.split(","):
+        entry = entry.strip()
+        name, sep, gpu = entry.partition(":")
+        if not name or not _NAME.match(name) or "@" in name or (sep and not gpu.isdigit()):
+            raise UsageError(f"--exclude entry '{entry}': expected HOST or HOST:GPU (e.g. --exclude h7 or --exclude h3:1)")
+        if sep:
+            gpus.append((name, int(gpu)))
+        else:
+            hosts.add(name)
+    return Exclusion(frozenset(hosts), tuple(gpus))
+
+
+def apply_exclude(specs: list[HostSpec], excl: Exclusion) -> list[HostSpec]:
+    """The hosts less the excluded ones. Raises UsageError for a name not in the host list (a typo would
+    otherwise leave the host in), or when nothing is left."""
+    names = {h.name for h in specs}
+    unknown = sorted((excl.hosts | {h for h, _ in excl.gpus}) - names)
+    if unknown:
+        raise UsageError(f"--exclude {','.join(unknown)}: not among the job's hosts ({', '.join(h.name for h in specs)})")
+    left = [h for h in specs if h.name not in excl.hosts]
+    if not left:
+        raise UsageError("--exclude leaves no host; exclude fewer")
+    return left

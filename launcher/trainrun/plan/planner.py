@@ -14,7 +14,7 @@ from typing import Mapping
 
 from trainrun.facts.model import NO_FACTS, HostFacts
 from trainrun.plan.envcontract import JobInfo
-from trainrun.plan.hosts import HostSpec
+from trainrun.plan.hosts import HostSpec, parse_exclude
 from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host
 from trainrun.plan.program import command_argv
 from trainrun.plan.spec import LaunchPlan, build_plan
@@ -58,10 +58,12 @@ def shape_job(cfg, hosts: list[HostSpec], default_np: int | None = None) -> JobS
 
 
 def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
-    """Every rank's place; hosts without facts (a dry run's remote hosts) get no GPUs. Raises UsageError
+    """Every rank's place; hosts without facts (a dry run's remote hosts) get no GPUs, and GPUs that --exclude
+    names (`host:gpu`) are left out of their host's pool. Raises UsageError
     when a host has fewer GPUs than its local ranks need (without --allow-gpu-sharing)."""
-    return assign_ranks(list(shape.hosts), shape.np, oversubscribe=cfg.oversubscribe,
-                        gpu_pools={h.name: facts.get(h.name, NO_FACTS).gpus for h in shape.hosts},
+    excl = parse_exclude(getattr(cfg, "exclude", None))
+    pools = {h.name: tuple(g for g in facts.get(h.name, NO_FACTS).gpus if g not in excl.gpus_of(h.name)) for h in shape.hosts}
+    return assign_ranks(list(shape.hosts), shape.np, oversubscribe=cfg.oversubscribe, gpu_pools=pools,
                         gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing)
 
 
