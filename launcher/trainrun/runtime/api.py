@@ -23,10 +23,18 @@ _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("si
 
 def submit(op, eng) -> int:
     """Start `op` = (Requests, finalize) on engine `eng` (state.engine(process_set)) and return its
-    handle; `finalize(results)` makes what synchronize returns."""
+    handle; `finalize(results)` makes what synchronize returns. An unnamed op holds its name's slot
+    until it is synchronized (context.Session.next_name)."""
     reqs, finalize = op
     eng.submit(reqs)
-    return state.add_handle([r.handle for r in reqs], finalize, eng)
+    return state.add_handle([r.handle for r in reqs], finalize, eng, hold(reqs))
+
+
+def hold(reqs):
+    """The slot token an async op's auto-generated name holds (None for a named op). A grouped op of
+    mixed dtypes sends `<name>.<i>` per tensor: its name is the part before the last dot."""
+    name = reqs[0].name if len(reqs) == 1 else reqs[0].name.rpartition(".")[0]
+    return RUNTIME.current().hold(name)
 
 
 def run(op, eng):
@@ -272,11 +280,12 @@ def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postsca
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case (one call per gradient), in few steps
             flat = tensor.reshape(-1)
+            named = name.__class__ is str
             req = rq.allreduce(flat, flat, tensor.shape, dtype_name(tensor.dtype),
-                               name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
+                               name if named else rq.auto_name("allreduce", name, eng.set_id),
                                op, prescale_factor, postscale_factor)
             eng.submit([req])
-            return state.add_handle([req.handle], lambda _: tensor, eng)
+            return state.add_handle([req.handle], lambda _: tensor, eng, None if named else hold([req]))
     return submit(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 

@@ -62,11 +62,12 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
         a = tensor.numpy()
         if a.ndim != 1:
             a = a.reshape(-1)
+        named = name.__class__ is str
         req = rq.allreduce(a, a, tuple(tensor.shape), dtype_name(a.dtype),
-                           name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
+                           name if named else rq.auto_name("allreduce", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
         eng.submit([req])
-        return state.add_handle([req.handle], lambda _: tensor, eng)
+        return state.add_handle([req.handle], lambda _: tensor, eng, None if named else api.hold([req]))
     return api.submit(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
 
 
