@@ -31,10 +31,15 @@ def submit(op, eng) -> int:
 
 
 def hold(reqs):
-    """The slot token an async op's auto-generated name holds (None for a named op). A grouped op of
-    mixed dtypes sends `<name>.<i>` per tensor: its name is the part before the last dot."""
-    name = reqs[0].name if len(reqs) == 1 else reqs[0].name.rpartition(".")[0]
-    return RUNTIME.current().hold(name)
+    """The slot token an async op's auto-generated name holds (None for a named op). Grouped and
+    sparse ops send `<name>.<suffix>` per tensor: their name is the part before the last dot."""
+    if not reqs:
+        return None
+    session, name = RUNTIME.current(), reqs[0].name
+    token = session.hold(name)
+    if token is None and ".noname." in name:  # `<name>.<i>`: a member of a grouped or sparse op
+        token = session.hold(name.rpartition(".")[0])
+    return token
 
 
 def run(op, eng):

@@ -3,8 +3,8 @@ functions. Tensors become engine Requests in builders.py (how CPU, CUDA and non-
 travel is described there); the differentiable ops' autograd Functions are in autograd.py.
 
 Handles are ints (shared with trainrun.runtime's); `synchronize` returns the output tensor.
-The blocking `allreduce`, `grouped_allreduce`, `allgather`, `broadcast` and `reducescatter` are
-differentiable, with Horovod's gradients.
+The blocking `allreduce`, `grouped_allreduce`, `allgather`, `grouped_allgather`, `broadcast`,
+`alltoall`, `reducescatter` and `grouped_reducescatter` are differentiable, with Horovod's gradients.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch import builders as build
-from trainrun.torch.autograd import (HorovodAllgather, HorovodAllreduce, HorovodBroadcast, HorovodGroupedAllreduce,
+from trainrun.torch.autograd import (HorovodAllgather, HorovodAllreduce, HorovodAlltoall, HorovodBroadcast,
+                                     HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodGroupedReducescatter,
                                      HorovodReducescatter)
 from trainrun.torch.compression import Compression
 
@@ -115,10 +116,38 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _submit(build.alltoall, process_set, tensor, splits, name)
 
 
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Start allgather of each tensor, announced together; synchronize returns the list."""
+    return _submit(build.grouped, process_set, build.allgather, "grouped_allgather", tensors, name)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start reducescatter of each tensor, announced together; synchronize returns the list."""
+    return _submit(build.grouped, process_set, build.reducescatter, "grouped_reducescatter", tensors, name,
+                   rq.check_op(op), prescale_factor, postscale_factor)
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Start the allreduce of a sparse COO tensor as Horovod does: allgather of its indices and of
+    its values (duplicates are not summed; Average divides the values by the set's size). Returns a
+    handle that `synchronize` takes and that, as in Horovod, can also be called to wait for the result."""
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average or op=Sum only")
+    return _SparseHandle(_submit(build.sparse_allreduce, process_set, tensor, name, op))
+
+
+class _SparseHandle(int):
+    """An int handle (poll/synchronize) that is also callable, as Horovod's sparse handle is."""
+
+    def __call__(self):
+        return state.synchronize(self)
+
+
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None); returns the output, plus the
-    received splits when `splits` was given. Not differentiable."""
-    return _run(build.alltoall, process_set, tensor, splits, name)
+    received splits when `splits` was given. Differentiable: the gradient is the reverse alltoall."""
+    return HorovodAlltoall.apply(tensor, splits, name, state.engine(process_set))
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
@@ -182,3 +211,17 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor,
                                      state.engine(process_set))
     return compression.decompress(out, ctx)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """allgather of each tensor, announced together. Differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, state.engine(process_set), *tensors))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
+    """reducescatter of each tensor, announced together. Differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, rq.check_op(op), prescale_factor, postscale_factor,
+                                             state.engine(process_set), *[t for t, _ in pairs])
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs)]
