@@ -90,7 +90,25 @@ def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fact
               process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
     eng = state.engine(process_set)
+    if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous:  # the usual case, in few steps
+        out = np.empty_like(tensor)
+        allreduce_into(eng, tensor.reshape(-1), out.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
+                       prescale_factor, postscale_factor)
+        return out
     return run(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
+
+
+def allreduce_into(eng, send, recv, shape: tuple, dtype: str, name, op, prescale_factor, postscale_factor) -> None:
+    """recv = op over ranks of send (None: in place on recv) for flat contiguous CPU arrays, blocking:
+    the lone-op path without a Request where it applies (Engine.allreduce_now), else a Request. The
+    fast path of every blocking CPU allreduce, NumPy's and the frameworks'. Checks as rq.allreduce
+    (an op or dtype it refuses never reaches the response cache, so never the fast path)."""
+    if name.__class__ is not str:
+        name = rq.auto_name("allreduce", name, eng.set_id)
+    if prescale_factor == 1.0 and eng.allreduce_now(send, recv, shape, dtype, name, op, float(postscale_factor)):
+        return
+    eng.run([rq.allreduce(recv if send is None else send, recv, shape, dtype, name, op, prescale_factor,
+                          postscale_factor)])
 
 
 def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
@@ -111,13 +129,9 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
     eng = state.engine(process_set)
     if tensor.__class__ is np.ndarray:
         flags = tensor.flags
-        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (Engine.allreduce_now)
-            flat, shape, dtype = tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype)
-            name = name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id)
-            if prescale_factor == 1.0 and eng.allreduce_now(None, flat, shape, dtype, name, op,
-                                                            float(postscale_factor)):
-                return tensor
-            eng.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
+        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (allreduce_into)
+            allreduce_into(eng, None, tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
+                           prescale_factor, postscale_factor)
             return tensor
     return run(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
@@ -151,6 +165,9 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
     req = rq.group(arrays, outs, shapes, dtype_name(arrays[0].dtype), base, op, prescale_factor,
                    postscale_factor, fused)
     return [req], (lambda _: outs)
+
+
+grouped_builder = _grouped_allreduce  # (the frameworks' fast path: arrays in, (Requests, finalize) out)
 
 
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,

@@ -74,8 +74,20 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set) -> torch.Tensor:
-    op = handle_average_backwards_compatibility(op, average)
-    return _run(build.allreduce, process_set, tensor, name, op, prescale_factor, postscale_factor, True)
+    if op is None or average is not None:
+        op = handle_average_backwards_compatibility(op, average)
+    eng = state.engine(process_set)
+    if _plain(tensor):  # a contiguous CPU tensor NumPy can view: NumPy's fast path (api.allreduce_into)
+        a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
+        api.allreduce_into(eng, None, a.reshape(-1), a.shape, dtype_name(a.dtype), name, op, prescale_factor,
+                           postscale_factor)
+        return tensor
+    return api.run(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
+
+
+def _plain(t) -> bool:
+    """A contiguous CPU tensor whose storage NumPy can view as its own dtype (not bfloat16)."""
+    return t.__class__ is torch.Tensor and t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous()
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -93,7 +105,30 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set) -> list:
     op = handle_average_backwards_compatibility(op, average)
-    return _run(build.grouped_allreduce, process_set, tensors, name, op, prescale_factor, postscale_factor, True)
+    eng = state.engine(process_set)
+    tensors = list(tensors)
+    arrays = _numpy_views(tensors)
+    if arrays is not None:  # one group of NumPy views, reduced in place (no per-tensor builder work)
+        req = rq.group(arrays, arrays, tuple(a.shape for a in arrays), dtype_name(arrays[0].dtype),
+                       rq.auto_name("grouped_allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
+        eng.run([req])
+        return tensors
+    return api.run(build.grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, True), eng)
+
+
+def _numpy_views(tensors):
+    """NumPy views of `tensors` when all are plain (see _plain) and of one dtype, else None."""
+    if not tensors:
+        return None
+    dtype = tensors[0].dtype
+    if dtype is torch.bfloat16:
+        return None
+    out = []
+    for t in tensors:
+        if t.__class__ is not torch.Tensor or t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
+            return None
+        out.append(t.detach().numpy() if t.requires_grad else t.numpy())
+    return out
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
@@ -176,8 +211,17 @@ def join(device=-1) -> int:
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over ranks (default Average); returns a new tensor. Differentiable."""
-    op = handle_average_backwards_compatibility(op, average)
+    if op is None or average is not None:
+        op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
+    if compression is Compression.none and _plain(tensor) and not (tensor.requires_grad
+                                                                   and torch.is_grad_enabled()):
+        # nothing to differentiate: no autograd Function (its apply costs more than the op)
+        out = torch.empty_like(tensor)
+        a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
+        api.allreduce_into(eng, a.reshape(-1), out.numpy().reshape(-1), a.shape, dtype_name(a.dtype), name, op,
+                           prescale_factor, postscale_factor)
+        return out
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, op, name, prescale_factor, postscale_factor, eng)
     return compression.decompress(reduced, ctx)
@@ -188,6 +232,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """allreduce of a list in one fused reduction. Differentiable."""
     op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
+    tensors = list(tensors)
+    if compression is Compression.none and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        arrays = _numpy_views(tensors)
+        if arrays is not None:  # nothing to differentiate: NumPy's grouped path, outputs views of one buffer
+            return [torch.from_numpy(o) for o in api.run(
+                api.grouped_builder(eng, arrays, name, op, prescale_factor, postscale_factor), eng)]
     pairs = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, eng,
                                             *[t for t, _ in pairs])
