@@ -11,6 +11,8 @@ API = ["grouped_allgather_and_reducescatter", "float16_prescale_rounds_as_horovo
        "join_with_allgather_and_broadcast", "collective_gradients_follow_horovod",
        "optimizer_on_disjoint_process_sets", "sync_batch_norm_matches_global_batch_norm",
        "build_probes_tell_the_truth"]
+MATRIX = ["matrix_allreduce", "matrix_grouped_allreduce_and_scales", "matrix_gather_broadcast_alltoall_reducescatter",
+          "matrix_autograd"]
 
 # horovod/torch/__init__.py of Horovod 0.28: every name it exports
 HOROVOD_TORCH = """elastic Compression allgather_object broadcast_object broadcast_optimizer_state broadcast_parameters
@@ -49,6 +51,33 @@ def api_results(request, tmp_path_factory):
                      env={"TRAINRUN_STALL_TIMEOUT": "20"}, timeout=300)
 
 
-@pytest.mark.parametrize("case", API)
+@pytest.mark.parametrize("case", API + MATRIX)
 def test_api(api_results, case):
     check(api_results, case)
+
+
+def test_a_rank_raising_mid_sequence_fails_the_others_fast(tmp_path):
+    """Rank 1 fails an assertion between collectives while the others have async ops in flight and
+    then block: they get HorovodInternalError naming rank 1 within seconds, not a hang or a stall."""
+    from tests.runtime.launch import run_ranks
+    script = tmp_path / "raise.py"
+    script.write_text(
+        "import time, torch, trainrun.torch as hvd\n"
+        "hvd.init()\n"
+        "for i in range(3):\n"
+        "    hvd.allreduce(torch.ones(4), name=f'step{i}')\n"
+        "if hvd.rank() == 1:\n"
+        "    assert False, 'user assertion on rank 1'\n"
+        "t0 = time.monotonic()\n"
+        "hs = [hvd.allreduce_async(torch.ones(4)) for _ in range(3)]\n"
+        "try:\n"
+        "    hvd.allgather(torch.ones(2))\n"
+        "    [hvd.synchronize(h) for h in hs]\n"
+        "except hvd.HorovodInternalError as e:\n"
+        "    print(f'rank {hvd.rank()} failed after {time.monotonic() - t0:.1f}s: {e}', flush=True)\n")
+    proc = run_ranks(script, 3, env={"TRAINRUN_STALL_TIMEOUT": "60"}, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    assert "user assertion on rank 1" in proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if " failed after " in line]
+    assert len(lines) == 2 and all("rank 1" in line.split(": ", 1)[1] for line in lines), proc.stdout
+    assert all(float(line.split(" failed after ")[1].split("s:")[0]) < 20 for line in lines), lines

@@ -286,5 +286,7 @@ def build_probes_tell_the_truth():
     expect(NotImplementedError, lambda: hvd.start_timeline("/tmp/x.json"), "TRAINRUN_TIMELINE")
 
 
+import torch_matrix  # noqa: E402,F401  (its cases run after these: one launch per world size)
+
 if __name__ == "__main__":
     main(hvd)
