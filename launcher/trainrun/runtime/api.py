@@ -12,11 +12,12 @@ from operator import attrgetter
 
 import numpy as np
 
+from trainrun.runtime import adasum
 from trainrun.runtime import requests as rq
 from trainrun.runtime import state
 from trainrun.runtime.context import RUNTIME
 from trainrun.runtime.fusion import dtype_name
-from trainrun.runtime.ops import Average, split_rows
+from trainrun.runtime.ops import Adasum, Average, split_rows
 
 _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
@@ -78,9 +79,19 @@ def _in_place(tensor: np.ndarray):
     return buf, write_back
 
 
+def _adasum(eng, a: np.ndarray, out: np.ndarray, name, prescale_factor, postscale_factor):
+    """op=Adasum (adasum.py): an allgather of `a` (contiguous), combined into `out` on every rank."""
+    dtype = dtype_name(a.dtype)
+    adasum.check_dtype(dtype)
+    req = rq.allgather(a.reshape(-1), (1, a.size), dtype, rq.auto_name("adasum", name, eng.set_id))
+    return [req], lambda res: adasum.finish(res[0], eng.size, prescale_factor, postscale_factor, out)
+
+
 def _allreduce(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     a = _contiguous(tensor)
     out = np.empty_like(a)
+    if op == Adasum:
+        return _adasum(eng, a, out, name, prescale_factor, postscale_factor)
     req = rq.allreduce(a.reshape(-1), out.reshape(-1), a.shape, dtype_name(a.dtype),
                        rq.auto_name("allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
     return [req], (lambda _: out)
@@ -90,7 +101,7 @@ def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fact
               process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
     eng = state.engine(process_set)
-    if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous:  # the usual case, in few steps
+    if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous and op != Adasum:  # the usual case
         out = np.empty_like(tensor)
         allreduce_into(eng, tensor.reshape(-1), out.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
                        prescale_factor, postscale_factor)
@@ -117,6 +128,9 @@ def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postsca
     else:
         buf, done = _in_place(tensor)
         finalize = lambda _: done()  # noqa: E731
+    if op == Adasum:
+        reqs, fin = _adasum(eng, buf, buf, name, prescale_factor, postscale_factor)
+        return reqs, lambda res: (fin(res), finalize(res))[1]
     flat = buf.reshape(-1)
     req = rq.allreduce(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("allreduce", name, eng.set_id),
                        op, prescale_factor, postscale_factor)
@@ -127,7 +141,7 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
                process_set=None) -> np.ndarray:
     """allreduce into `tensor` itself (returned)."""
     eng = state.engine(process_set)
-    if tensor.__class__ is np.ndarray:
+    if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (allreduce_into)
             allreduce_into(eng, None, tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
@@ -298,7 +312,7 @@ def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postsca
                      process_set=None) -> int:
     """Start allreduce_ and return a handle for poll/synchronize."""
     eng = state.engine(process_set)
-    if tensor.__class__ is np.ndarray:
+    if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case (one call per gradient), in few steps
             flat = tensor.reshape(-1)

@@ -29,7 +29,7 @@ def auto_name(kind: str, name: str | None, set_id: int = 0) -> str:
 def check_op(op: int) -> int:
     """`op` if trainrun can run it, else ValueError naming the supported ones."""
     if op == Adasum:
-        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+        raise ValueError("op=Adasum is supported by allreduce (and its in-place and async forms) only")
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError(f"Unknown reduction op {op!r}; use one of {sorted(OP_NAMES.values())}")
     return op

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainrun.runtime import api, requests as rq
+from trainrun.runtime import adasum, api, requests as rq
 from trainrun.runtime.backends import nccl
 from trainrun.runtime.fusion import dtype_name
-from trainrun.runtime.ops import Average, split_rows
+from trainrun.runtime.ops import Adasum, Average, split_rows
 
 
 # ---- tensor <-> engine buffers ------------------------------------------------------------
@@ -82,6 +82,8 @@ def _in_place(t: torch.Tensor):
 
 # ---- op builders ---------------------------------------------------------------------------
 def allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place):
+    if op == Adasum:
+        return _adasum(eng, tensor, name, prescale_factor, postscale_factor, in_place)
     if in_place:
         buf, done = _in_place(tensor)
         out = buf
@@ -204,3 +206,23 @@ def sparse_allreduce(eng, tensor, name, op):
             values = values / eng.size
         return torch.sparse_coo_tensor(indices.t(), values, t.size(), check_invariants=False)
     return [ireq, vreq], finalize
+
+
+def _adasum(eng, tensor, name, prescale_factor, postscale_factor, in_place):
+    """op=Adasum on host memory (runtime/adasum.py): an allgather, combined on every rank."""
+    if tensor.dtype == torch.bfloat16:
+        raise ValueError("op=Adasum needs a float16, float32 or float64 tensor, not bfloat16")
+    buf = tensor.detach().to("cpu").contiguous() if tensor.is_cuda else _host(tensor)
+    out = buf if in_place and buf is tensor else torch.empty_like(buf)
+    inp, dtype = _view(buf)
+    adasum.check_dtype(dtype)
+    req = rq.allgather(inp, (1, inp.size), dtype, rq.auto_name("adasum", name, eng.set_id))
+
+    def finalize(res):
+        adasum.finish(res[0], eng.size, prescale_factor, postscale_factor, _view(out)[0])
+        if in_place and out is not tensor:
+            with torch.no_grad():
+                tensor.copy_(out)
+            return tensor
+        return _to_device(out, tensor)
+    return [req], finalize

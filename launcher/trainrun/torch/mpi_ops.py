@@ -58,7 +58,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
     if tensor.__class__ is torch.Tensor and tensor.is_cpu and not tensor.requires_grad \
-            and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous():
+            and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
         # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps
         a = tensor.numpy()
         if a.ndim != 1:
@@ -77,7 +77,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
-    if _plain(tensor):  # a contiguous CPU tensor NumPy can view: NumPy's fast path (api.allreduce_into)
+    if _plain(tensor) and op != Adasum:  # contiguous CPU: NumPy's fast path (api.allreduce_into)
         a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
         api.allreduce_into(eng, None, a.reshape(-1), a.shape, dtype_name(a.dtype), name, op, prescale_factor,
                            postscale_factor)
@@ -214,8 +214,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
-    if compression is Compression.none and _plain(tensor) and not (tensor.requires_grad
-                                                                   and torch.is_grad_enabled()):
+    if compression is Compression.none and _plain(tensor) and op != Adasum \
+            and not (tensor.requires_grad and torch.is_grad_enabled()):
         # nothing to differentiate: no autograd Function (its apply costs more than the op)
         out = torch.empty_like(tensor)
         a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()

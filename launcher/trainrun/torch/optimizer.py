@@ -219,12 +219,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Returns an instance of a dynamic subclass of the optimizer's class that shares its param_groups and
     state. Raises ValueError for gradient_predivide_factor with op != Average, for unnamed or duplicate
-    parameter names, and for op=Adasum (not supported).
+    parameter names, and for op=Adasum (Horovod's delta-based Adasum optimizer is not implemented).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
-        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+        raise ValueError("DistributedOptimizer(op=Adasum) (Horovod's Adasum optimizer, which reduces the local "
+                         "step's parameter deltas) is not implemented by trainrun; use Average or Sum "
+                         "(hvd.allreduce(..., op=hvd.Adasum) is supported)")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning)

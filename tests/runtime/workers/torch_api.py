@@ -276,6 +276,39 @@ def sync_batch_norm_matches_global_batch_norm():
     close(sbn(xs[me]), bn(xs[me]), 1e-5)
 
 
+def _adasum_tree(vs):
+    """Reference Adasum (float64 lists of tensors): pairs (0,1), (2,3), ..., an odd last one carried up."""
+    while len(vs) > 1:
+        nxt = []
+        for a, b in zip(vs[0::2], vs[1::2]):
+            dot, na, nb = float(a @ b), float(a @ a), float(b @ b)
+            nxt.append((1 - dot / (2 * na) if na else 1) * a + (1 - dot / (2 * nb) if nb else 1) * b)
+        vs = nxt + ([vs[-1]] if len(vs) % 2 else [])
+    return vs[0]
+
+
+@case
+def adasum_any_world_size():
+    me, n = hvd.rank(), hvd.size()
+    e = torch.zeros(n, dtype=torch.float64)
+    e[me] = 2.0  # orthogonal: the sum
+    close(hvd.allreduce(e, op=hvd.Adasum), torch.full((n,), 2.0))
+    same = torch.arange(5, dtype=torch.float32)  # parallel and equal: the vector itself
+    close(hvd.allreduce(same, op=hvd.Adasum), same, 1e-6)
+    vs = [torch.randn(7, generator=torch.Generator().manual_seed(r), dtype=torch.float64) for r in range(n)]
+    want = _adasum_tree(list(vs))
+    close(hvd.allreduce(vs[me].view(7, 1), op=hvd.Adasum), want.view(7, 1), 1e-12)
+    t = vs[me].float().clone()
+    hvd.synchronize(hvd.allreduce_async_(t, op=hvd.Adasum, prescale_factor=2.0))
+    close(t, 2 * want, 1e-5)
+    close(hvd.synchronize(hvd.allreduce_async(vs[me].half(), op=hvd.Adasum)), want, 5e-3)
+    x = vs[me].clone().requires_grad_()
+    hvd.allreduce(x, op=hvd.Adasum).sum().backward()  # gradient: Adasum of the (equal) output gradients
+    close(x.grad, torch.ones(7), 1e-12)
+    expect(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "Adasum", "float")
+    expect(ValueError, lambda: hvd.reducescatter(torch.ones(2), op=hvd.Adasum), "Adasum")
+
+
 @case
 def build_probes_tell_the_truth():
     from mpi4py import MPI
