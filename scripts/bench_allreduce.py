@@ -142,7 +142,10 @@ def call_paths(quick):
             "torch `allreduce_(t)` unnamed": lambda: hvd.allreduce_(t, op=hvd.Sum),
             "torch `allreduce(t)` unnamed, out of place": lambda: hvd.allreduce(t, op=hvd.Sum),
         }
-        samples = samples_us(list(fns.values()), it)
+        # after a row that allocated (and freed) a fresh 16 MiB output, the next timed call ran up to 2x
+        # slower whatever it was: an untimed in-place raw call settles the ranks before each row
+        settle = (lambda: COMM.Allreduce(MPI.IN_PLACE, x)) if nbytes >= 1 << 20 else None
+        samples = samples_us(list(fns.values()), it, settle=settle)
         med = {k: statistics.median(v) for k, v in zip(fns, samples)}
         for k, v in zip(fns, samples):
             rows.append((f"{k}, {fmt_size(nbytes)}", fmt_us(med[k]), spread(v, samples[0])))
@@ -191,14 +194,17 @@ def call_paths(quick):
     return rows
 
 
-def samples_us(fns, iters, warmup=5):
-    """Per-iteration times (us) of each of `fns`, interleaved after barriers (as medians_us)."""
+def samples_us(fns, iters, warmup=5, settle=None):
+    """Per-iteration times (us) of each of `fns`, interleaved after barriers (as medians_us);
+    `settle`, if given, runs untimed before each call."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times = [[] for _ in fns]
     for _ in range(iters):
         for fn, ts in zip(fns, times):
+            if settle is not None:
+                settle()
             COMM.Barrier()
             t = time.perf_counter()
             fn()
