@@ -9,7 +9,9 @@ own block, as a gloo call leaves its threads busy and slows whatever runs next):
   1. one in-place allreduce of 4 KiB .. 64 MiB (trainrun allreduce_, MPI IN_PLACE, gloo all_reduce);
   2. 160 x 4 KiB: trainrun grouped_allreduce and 160 async ops, against raw MPI one call per tensor
      and raw MPI on one pre-fused buffer;
-  3. a training step of a model with 100 parameter tensors: DistributedOptimizer vs torch DDP (gloo).
+  3. a training step of a model with 100 parameter tensors: DistributedOptimizer vs torch DDP (gloo);
+  4. call paths (issue 11): raw MPI, NumPy and torch, named, unnamed, in and out of place, at 4 KiB and
+     16 MiB; 160 x 4 KiB grouped and async through both (`--paths-only` runs just this).
 Writes a markdown report (date, machine, load, the table, the issue's targets met or not) to stdout
 and to --out.
 """
@@ -121,6 +123,105 @@ def many_small(quick):
     return rows
 
 
+def call_paths(quick):
+    """Issue 11: every way to call an allreduce, side by side with raw MPI, at 4 KiB and 16 MiB (op Sum,
+    in place unless said); then 160 x 4 KiB through NumPy and torch, grouped and async, against one
+    fused raw call. Each row: median, and the spread (25th-75th percentile) of its ratio to raw."""
+    rows = []
+    for nbytes in (4 << 10, 16 << 20):
+        x = np.ones(nbytes // 4, np.float32)
+        t = torch.ones(nbytes // 4)
+        it = (60 if nbytes < 1 << 20 else 12) if quick else (400 if nbytes < 1 << 20 else 60)
+        fns = {
+            "raw `Allreduce(IN_PLACE)`": lambda: COMM.Allreduce(MPI.IN_PLACE, x),
+            "raw `Allreduce` into a fresh output": lambda: COMM.Allreduce(x, np.empty_like(x)),
+            "NumPy `allreduce_(x, name=...)`": lambda: rt.allreduce_(x, name="p.np", op=rt.Sum),
+            "NumPy `allreduce_(x)` unnamed": lambda: rt.allreduce_(x, op=rt.Sum),
+            "NumPy `allreduce(x)` unnamed, out of place": lambda: rt.allreduce(x, op=rt.Sum),
+            "torch `allreduce_(t, name=...)`": lambda: hvd.allreduce_(t, name="p.t", op=hvd.Sum),
+            "torch `allreduce_(t)` unnamed": lambda: hvd.allreduce_(t, op=hvd.Sum),
+            "torch `allreduce(t)` unnamed, out of place": lambda: hvd.allreduce(t, op=hvd.Sum),
+        }
+        # after a row that allocated (and freed) a fresh 16 MiB output, the next timed call ran up to 2x
+        # slower whatever it was: an untimed in-place raw call settles the ranks before each row
+        settle = (lambda: COMM.Allreduce(MPI.IN_PLACE, x)) if nbytes >= 1 << 20 else None
+        samples = samples_us(list(fns.values()), it, settle=settle)
+        med = {k: statistics.median(v) for k, v in zip(fns, samples)}
+        for k, v in zip(fns, samples):
+            rows.append((f"{k}, {fmt_size(nbytes)}", fmt_us(med[k]), spread(v, samples[0])))
+        size = fmt_size(nbytes)
+        named_np, unnamed_np = med["NumPy `allreduce_(x, name=...)`"], med["NumPy `allreduce_(x)` unnamed"]
+        named_t, unnamed_t = med["torch `allreduce_(t, name=...)`"], med["torch `allreduce_(t)` unnamed"]
+        out_t, fresh = med["torch `allreduce(t)` unnamed, out of place"], med["raw `Allreduce` into a fresh output"]
+        raw = med["raw `Allreduce(IN_PLACE)`"]
+        PATH_TARGETS.extend([
+            (f"{size}: unnamed within 1.2x named (NumPy, torch)", f"{unnamed_np / named_np:.2f}x, "
+             f"{unnamed_t / named_t:.2f}x", max(unnamed_np / named_np, unnamed_t / named_t) <= 1.2),
+            (f"{size}: torch within 1.2x NumPy (named, unnamed)", f"{named_t / named_np:.2f}x, "
+             f"{unnamed_t / unnamed_np:.2f}x", max(named_t / named_np, unnamed_t / unnamed_np) <= 1.2),
+            (f"{size}: torch out of place within 1.1x raw MPI into a fresh output", f"{out_t / fresh:.2f}x",
+             out_t <= 1.1 * fresh)])
+        if nbytes == 4 << 10:
+            PATH_TARGETS.append(("4 KiB: in place within 2x raw (NumPy, torch; unnamed)",
+                                 f"{unnamed_np / raw:.2f}x, {unnamed_t / raw:.2f}x", max(unnamed_np, unnamed_t) <= 2 * raw))
+    count = 160
+    xs = [np.full(1024, i, np.float32) for i in range(count)]
+    ts = [torch.full((1024,), float(i)) for i in range(count)]
+    fused = np.concatenate(xs)
+
+    def np_async():
+        for h in [rt.allreduce_async_(x, op=rt.Sum) for x in xs]:
+            rt.synchronize(h)
+
+    def t_async():
+        for h in [hvd.allreduce_async_(t, op=hvd.Sum) for t in ts]:
+            hvd.synchronize(h)
+
+    fns = {"raw: one fused call": lambda: COMM.Allreduce(MPI.IN_PLACE, fused),
+           "NumPy `grouped_allreduce` unnamed": lambda: rt.grouped_allreduce(xs, op=rt.Sum),
+           "NumPy 160 `allreduce_async_` unnamed": np_async,
+           "torch `grouped_allreduce_` unnamed": lambda: hvd.grouped_allreduce_(ts, op=hvd.Sum),
+           "torch 160 `allreduce_async_` unnamed": t_async}
+    samples = samples_us(list(fns.values()), 30 if quick else 150)
+    med = {k: statistics.median(v) for k, v in zip(fns, samples)}
+    for k, v in zip(fns, samples):
+        rows.append((f"160 x 4 KiB, {k}", fmt_us(med[k]), spread(v, samples[0])))
+    one = med["raw: one fused call"]
+    for k, limit in (("torch `grouped_allreduce_` unnamed", 1.5), ("torch 160 `allreduce_async_` unnamed", 3.0),
+                     ("NumPy `grouped_allreduce` unnamed", 1.5), ("NumPy 160 `allreduce_async_` unnamed", 3.0)):
+        PATH_TARGETS.append((f"160 x 4 KiB, {k}: within {limit}x one fused raw call", f"{med[k] / one:.2f}x",
+                             med[k] <= limit * one))
+    return rows
+
+
+def samples_us(fns, iters, warmup=5, settle=None):
+    """Per-iteration times (us) of each of `fns`, interleaved after barriers (as medians_us);
+    `settle`, if given, runs untimed before each call."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, ts in zip(fns, times):
+            if settle is not None:
+                settle()
+            COMM.Barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e6)
+    return times
+
+
+def spread(samples, raw):
+    """The 25th-75th percentile of per-iteration ratios to `raw` (same iterations)."""
+    ratios = sorted(a / b for a, b in zip(samples, raw))
+    q = len(ratios) // 4
+    return f"{ratios[len(ratios) // 2]:.2f}x ({ratios[q]:.2f}-{ratios[-q - 1]:.2f})"
+
+
+PATH_TARGETS = []
+
+
 class Deep(nn.Module):
     """50 Linear(64, 64) layers: 100 parameter tensors, 208K parameters."""
 
@@ -171,7 +272,7 @@ def training_step(quick):
              fmt_us(a), f"{fmt_us(c)} (no communication)", fmt_us(b), "", f"{a / b:.2f}x", "")]
 
 
-def report(rows, quick, load_start) -> str:
+def report(rows, quick, load_start, paths=()) -> str:
     import bench_common  # scripts/ (this script's folder): machine lines shared by the benchmarks
 
     launcher = "trainrun" if "TRAINRUN_RANK" in os.environ else "mpiexec"
@@ -188,13 +289,24 @@ def report(rows, quick, load_start) -> str:
     table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
     targets = ("\n## Targets (issue 5)\n\n| target | measured | met |\n|---|---:|---|\n"
                + "".join(f"| {t} | {m} | {'yes' if ok else 'no'} |\n" for t, m, ok in TARGETS))
-    return "\n".join(lines) + "\n" + table + targets
+    out = "\n".join(lines) + "\n"
+    if rows:
+        out += table + targets
+    if paths:
+        out += ("\n## Call paths (issue 11)\n\nEvery iteration runs every row once, each after a barrier; "
+                "ratio: median of the per-iteration ratio to the first row (raw in place), with its 25th-75th "
+                "percentile spread.\n\n| path | median | ratio to raw in place (spread) |\n|---|---:|---:|\n"
+                + "".join("| " + " | ".join(r) + " |\n" for r in paths)
+                + "\n| target (issue 11) | measured | met |\n|---|---:|---|\n"
+                + "".join(f"| {t} | {m} | {'yes' if ok else 'no'} |\n" for t, m, ok in PATH_TARGETS))
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="docs/benchmarks/allreduce.md", help="markdown file to write (rank 0)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument("--paths-only", action="store_true", help="only the call-path section (issue 11)")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     torch.set_num_threads(1)
@@ -202,10 +314,13 @@ def main():
     init_gloo()
     # the training step first: gloo's threads stay busy for a while after heavy use (the sections
     # above end with 160 gloo calls) and slowed whatever ran next by up to 1.5x in earlier runs
-    train = training_step(args.quick)
-    rows = single_sizes(args.quick) + many_small(args.quick) + train
+    rows = []
+    if not args.paths_only:
+        train = training_step(args.quick)
+        rows = single_sizes(args.quick) + many_small(args.quick) + train
+    paths = call_paths(args.quick)
     if COMM.rank == 0:
-        text = report(rows, args.quick, load_start)
+        text = report(rows, args.quick, load_start, paths)
         print(text)
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -11,8 +11,8 @@ Modules, from the surface down:
 - rounds (a round's wire format), cache (the response cache), negotiation (rank 0's coordinator),
   messages (the NamedTuples ranks exchange: Meta, Response, JoinedInfo, Failure).
 - ops (op constants, Request, Handle, shared rules), fusion (wire dtypes, the fusion rule, buffers),
-  collectives (NumPy work around the backend), backends/ (mpi, nccl), timeline (Chrome trace),
-  exceptions.
+  collectives (NumPy work around the backend), adasum (op=Adasum's combination), backends/ (mpi,
+  nccl), timeline (Chrome trace), exceptions.
 """
 from types import ModuleType as _ModuleType
 

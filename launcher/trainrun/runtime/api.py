@@ -12,21 +12,35 @@ from operator import attrgetter
 
 import numpy as np
 
+from trainrun.runtime import adasum
 from trainrun.runtime import requests as rq
 from trainrun.runtime import state
 from trainrun.runtime.context import RUNTIME
 from trainrun.runtime.fusion import dtype_name
-from trainrun.runtime.ops import Average, split_rows
+from trainrun.runtime.ops import Adasum, Average, split_rows
 
 _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
 
 def submit(op, eng) -> int:
     """Start `op` = (Requests, finalize) on engine `eng` (state.engine(process_set)) and return its
-    handle; `finalize(results)` makes what synchronize returns."""
+    handle; `finalize(results)` makes what synchronize returns. An unnamed op holds its name's slot
+    until it is synchronized (context.Session.next_name)."""
     reqs, finalize = op
     eng.submit(reqs)
-    return state.add_handle([r.handle for r in reqs], finalize, eng)
+    return state.add_handle([r.handle for r in reqs], finalize, eng, hold(reqs))
+
+
+def hold(reqs):
+    """The slot token an async op's auto-generated name holds (None for a named op). Grouped and
+    sparse ops send `<name>.<suffix>` per tensor: their name is the part before the last dot."""
+    if not reqs:
+        return None
+    session, name = RUNTIME.current(), reqs[0].name
+    token = session.hold(name)
+    if token is None and ".noname." in name:  # `<name>.<i>`: a member of a grouped or sparse op
+        token = session.hold(name.rpartition(".")[0])
+    return token
 
 
 def run(op, eng):
@@ -65,9 +79,19 @@ def _in_place(tensor: np.ndarray):
     return buf, write_back
 
 
+def _adasum(eng, a: np.ndarray, out: np.ndarray, name, prescale_factor, postscale_factor):
+    """op=Adasum (adasum.py): an allgather of `a` (contiguous), combined into `out` on every rank."""
+    dtype = dtype_name(a.dtype)
+    adasum.check_dtype(dtype)
+    req = rq.allgather(a.reshape(-1), (1, a.size), dtype, rq.auto_name("adasum", name, eng.set_id))
+    return [req], lambda res: adasum.finish(res[0], eng.size, prescale_factor, postscale_factor, out)
+
+
 def _allreduce(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
     a = _contiguous(tensor)
     out = np.empty_like(a)
+    if op == Adasum:
+        return _adasum(eng, a, out, name, prescale_factor, postscale_factor)
     req = rq.allreduce(a.reshape(-1), out.reshape(-1), a.shape, dtype_name(a.dtype),
                        rq.auto_name("allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
     return [req], (lambda _: out)
@@ -77,7 +101,25 @@ def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fact
               process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
     eng = state.engine(process_set)
+    if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous and op != Adasum:  # the usual case
+        out = np.empty_like(tensor)
+        allreduce_into(eng, tensor.reshape(-1), out.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
+                       prescale_factor, postscale_factor)
+        return out
     return run(_allreduce(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
+
+
+def allreduce_into(eng, send, recv, shape: tuple, dtype: str, name, op, prescale_factor, postscale_factor) -> None:
+    """recv = op over ranks of send (None: in place on recv) for flat contiguous CPU arrays, blocking:
+    the lone-op path without a Request where it applies (Engine.allreduce_now), else a Request. The
+    fast path of every blocking CPU allreduce, NumPy's and the frameworks'. Checks as rq.allreduce
+    (an op or dtype it refuses never reaches the response cache, so never the fast path)."""
+    if name.__class__ is not str:
+        name = rq.auto_name("allreduce", name, eng.set_id)
+    if prescale_factor == 1.0 and eng.allreduce_now(send, recv, shape, dtype, name, op, float(postscale_factor)):
+        return
+    eng.run([rq.allreduce(recv if send is None else send, recv, shape, dtype, name, op, prescale_factor,
+                          postscale_factor)])
 
 
 def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0):
@@ -86,6 +128,9 @@ def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postsca
     else:
         buf, done = _in_place(tensor)
         finalize = lambda _: done()  # noqa: E731
+    if op == Adasum:
+        reqs, fin = _adasum(eng, buf, buf, name, prescale_factor, postscale_factor)
+        return reqs, lambda res: (fin(res), finalize(res))[1]
     flat = buf.reshape(-1)
     req = rq.allreduce(flat, flat, buf.shape, dtype_name(buf.dtype), rq.auto_name("allreduce", name, eng.set_id),
                        op, prescale_factor, postscale_factor)
@@ -96,15 +141,11 @@ def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_fac
                process_set=None) -> np.ndarray:
     """allreduce into `tensor` itself (returned)."""
     eng = state.engine(process_set)
-    if tensor.__class__ is np.ndarray:
+    if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
-        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (Engine.allreduce_now)
-            flat, shape, dtype = tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype)
-            name = name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id)
-            if prescale_factor == 1.0 and eng.allreduce_now(None, flat, shape, dtype, name, op,
-                                                            float(postscale_factor)):
-                return tensor
-            eng.run([rq.allreduce(flat, flat, shape, dtype, name, op, prescale_factor, postscale_factor)])
+        if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (allreduce_into)
+            allreduce_into(eng, None, tensor.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
+                           prescale_factor, postscale_factor)
             return tensor
     return run(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
@@ -138,6 +179,9 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
     req = rq.group(arrays, outs, shapes, dtype_name(arrays[0].dtype), base, op, prescale_factor,
                    postscale_factor, fused)
     return [req], (lambda _: outs)
+
+
+grouped_builder = _grouped_allreduce  # (the frameworks' fast path: arrays in, (Requests, finalize) out)
 
 
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
@@ -268,15 +312,16 @@ def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postsca
                      process_set=None) -> int:
     """Start allreduce_ and return a handle for poll/synchronize."""
     eng = state.engine(process_set)
-    if tensor.__class__ is np.ndarray:
+    if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case (one call per gradient), in few steps
             flat = tensor.reshape(-1)
+            named = name.__class__ is str
             req = rq.allreduce(flat, flat, tensor.shape, dtype_name(tensor.dtype),
-                               name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
+                               name if named else rq.auto_name("allreduce", name, eng.set_id),
                                op, prescale_factor, postscale_factor)
             eng.submit([req])
-            return state.add_handle([req.handle], lambda _: tensor, eng)
+            return state.add_handle([req.handle], lambda _: tensor, eng, None if named else hold([req]))
     return submit(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 

@@ -14,7 +14,7 @@ from itertools import accumulate
 import numpy as np
 
 from trainrun.runtime.fusion import WIDENED, FusionBuffer, pack, storage_dtype, unpack, wire_dtype
-from trainrun.runtime.messages import JoinedInfo
+from trainrun.runtime.messages import Absent, JoinedInfo
 from trainrun.runtime.ops import Request, split_rows, sum_then_scale
 
 
@@ -63,8 +63,10 @@ class Collectives:
             return self.allreduce(names, reqs, info)
         (req,) = reqs
         t0 = self._clock()
-        if kind == "allgather":
-            result = self.allgather(req, info)
+        if req is None:  # this rank has joined: it takes part without data (negotiation.Absent)
+            result = self.absent(kind, info)
+        elif kind == "allgather":
+            result = self.allgather(req, info.dims if info.__class__ is Absent else info)
         elif kind == "broadcast":
             result = self.broadcast(req)
         elif kind == "alltoall":
@@ -210,6 +212,16 @@ class Collectives:
         out = np.empty((sum(dim0s),) + tuple(req.shape[1:]), dtype=storage_dtype(req.dtype))
         self.backend.allgatherv(_bytes(req.inp), _bytes(out), [d * row * out.itemsize for d in dim0s])
         return out
+
+    def absent(self, kind: str, info: Absent) -> None:
+        """This rank's part in an allgather (no rows) or broadcast (received, dropped) it did not
+        submit because it has joined."""
+        item = storage_dtype(info.dtype).itemsize * math.prod(info.shape[1:] if kind == "allgather" else info.shape)
+        if kind == "allgather":
+            out = np.empty(sum(info.dims) * item, dtype=np.uint8)
+            self.backend.allgatherv(np.empty(0, np.uint8), out, [d * item for d in info.dims])
+        else:
+            self.backend.bcast(np.empty(item, dtype=np.uint8), info.root)
 
     def broadcast(self, req: Request) -> np.ndarray:
         if self.rank == req.root and req.out is not req.inp:

@@ -17,9 +17,9 @@ class Completion:
             req = reqs[0]
             handle = req.handle
             handle.result = results[0]
-            handle.done = True
-            with self._lock:
+            with self._lock:  # the name is free before `done` shows: a caller may reuse it at once
                 self._names.discard(req.name)
+            handle.done = True
             if self._sleepers:
                 with self._done_cv:
                     self._done_cv.notify_all()
@@ -31,9 +31,10 @@ class Completion:
         for r, res in zip(reqs, results):
             h = r.handle
             h.result, h.error = res, error
-            h.done = True
-        with self._lock:
+        with self._lock:  # names free before `done` shows (see _finish_reduced)
             self._names.difference_update(r.name for r in reqs)
+        for r in reqs:
+            r.handle.done = True
         if self._sleepers:
             with self._done_cv:
                 self._done_cv.notify_all()

@@ -3,7 +3,7 @@
 A `Runtime` lives as long as the process: the handle table (handles.py), the output buffer pool,
 and, between init() and shutdown(), a `Session` -- the topology, the communicator init() joined, the
 settings, the registered process sets, this rank's engine for each set it is in (set id 0: the
-global set), and the counters that name unnamed ops. shutdown() drops the session whole, so a
+global set), and the slots that name unnamed ops (`next_name`). shutdown() drops the session whole, so a
 later init() starts afresh (set ids and op names from the start again, on every rank alike).
 
 state.py's functions and process_sets.py's registry are thin accessors over it. This module knows
@@ -12,7 +12,6 @@ way round), and imports mpi4py and the engine only when a session starts.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from typing import NamedTuple
@@ -46,7 +45,8 @@ class Session:
         self.engines: dict[int, object] = {}   # set id -> this rank's Engine, for the sets it is in
         self.sets: dict[int, object] = {}      # set id -> every registered ProcessSet (0: the global one)
         self.next_set_id = 1
-        self._counters: dict[tuple, itertools.count] = {}  # (set id, kind) -> unnamed ops so far
+        self._slots: dict[tuple, _Slots] = {}       # (set id, kind) -> the slots naming its unnamed ops
+        self._slot_of: dict[str, tuple] = {}        # an unnamed op's name -> (its _Slots, its bit)
 
     def start_engine(self, comm, set_id: int, ranks: list[int]):
         """Make (collectively over `comm`) and register the engine of process set `set_id`."""
@@ -60,12 +60,45 @@ class Session:
         return engine
 
     def next_name(self, kind: str, set_id: int) -> str:
-        """`<kind>.noname.<n>`: the n-th unnamed `kind` op of this set (ranks calling in the same
-        order get the same names)."""
-        counter = self._counters.get((set_id, kind))
-        if counter is None:
-            counter = self._counters[(set_id, kind)] = itertools.count()
-        return f"{kind}.noname.{next(counter)}"
+        """The name of the next unnamed `kind` op of this set: `<kind>.noname.<slot>`, the lowest slot
+        not held by an unnamed async op this rank started and has not synchronized yet (`hold`).
+
+        Ranks run the same program, so they start and synchronize unnamed ops in the same order and
+        agree on every slot, as they would on a running counter -- but a blocking op, or a loop of
+        async ops synchronized each step, reuses the same few names, so its signature stays in the
+        response cache (engine.py) instead of being negotiated afresh on every call."""
+        slots = self._slots.get((set_id, kind))
+        if slots is None:
+            slots = self._slots[(set_id, kind)] = _Slots()
+        used = slots.used
+        bit = (~used & (used + 1)).bit_length() - 1
+        names = slots.names
+        while len(names) <= bit:
+            name = f"{kind}.noname.{len(names)}" if not set_id else f"{kind}.noname.set{set_id}.{len(names)}"
+            self._slot_of[name] = (slots, len(names))
+            names.append(name)
+        return names[bit]
+
+    def hold(self, name: str):
+        """Hold the slot of unnamed op `name` (its async start) until `release(token)` (its
+        synchronize); returns the token, None for a named op."""
+        token = self._slot_of.get(name)
+        if token is not None:
+            token[0].used |= 1 << token[1]
+        return token
+
+    @staticmethod
+    def release(token) -> None:
+        token[0].used &= ~(1 << token[1])
+
+
+class _Slots:
+    """Slots of one (set, kind): `used`, a bitmask of the held ones; `names[i]`, slot i's name."""
+    __slots__ = ("used", "names")
+
+    def __init__(self):
+        self.used = 0
+        self.names: list[str] = []
 
 
 class Runtime:

@@ -107,8 +107,13 @@ class Fuser:
 
 
 def pack(src: np.ndarray, dtype: str, dst: np.ndarray, scale: float) -> None:
-    """dst (wire dtype) = src (storage of logical `dtype`) * scale."""
-    if dtype == "bfloat16":
+    """dst (wire dtype) = src (storage of logical `dtype`) * scale. A scaled float16 is rounded back
+    to float16 before the reduction, as Horovod's CPU ScaleBuffer does (product in float32, stored
+    in the tensor's dtype); integers scale in float64 and truncate, as there."""
+    if dtype == "float16" and scale != 1.0:
+        np.multiply(src, np.float32(scale), out=dst, dtype=np.float32)  # (not in float16: NumPy would
+        np.copyto(dst, dst.astype(np.float16))                          # round the factor to half too)
+    elif dtype == "bfloat16":
         halves = dst.view(np.uint16)  # little-endian: the bf16 bits are the high half of each float32
         halves[0::2] = 0
         halves[1::2] = src

@@ -8,6 +8,8 @@ as plain tuples, so they cost what tuples cost on the wire and as dict keys).
 - `FusionKey`: what allreduces must share to be fused into one reduction (fusion.Fuser).
 - `JoinedInfo`: a fused allreduce's key and shapes, sent while some rank has joined, so that a
   rank without the tensors can contribute zeros of the right size.
+- `Absent`: an allgather's or broadcast's shape and dtype, sent while some rank that has joined did
+  not submit it, so that rank can take part (contributing no rows, or receiving into scratch).
 - `Failure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort").
 """
 from __future__ import annotations
@@ -43,6 +45,13 @@ class JoinedInfo(NamedTuple):
     postscale: float
     device: str
     shapes: list       # one per fused name (a group: its members' shapes)
+
+
+class Absent(NamedTuple):
+    dims: list | None  # allgather: first dimension per rank (0 for a rank that joined); broadcast: None
+    shape: tuple
+    dtype: str
+    root: int          # broadcast: its root; allgather: -1
 
 
 class Failure(NamedTuple):

@@ -9,7 +9,9 @@ response is a messages.Response `(kind, names, info, error)`:
                                                    (key and shapes) so it can add zeros; else None.
                                                    A group (ops.GROUP) is one name, never fused with
                                                    others; its shapes are the members'.
-    ("allgather", [name], first_dims_per_rank, None)
+    ("allgather", [name], first_dims_per_rank, None)   while ranks that joined lack it: an Absent
+                                                   (dims, shape, dtype), their dims 0
+    ("broadcast", [name], Absent(None, shape, dtype, root), None)  while ranks that joined lack it
     ("alltoall",  [name], splits_per_rank, None)
     ("broadcast"|"reducescatter"|"barrier"|"shutdown", [name], None, None)
     ("join", ["__join__"], last_rank_to_join, None)
@@ -20,7 +22,9 @@ response is a messages.Response `(kind, names, info, error)`:
                                                    only their requests fail (a later submission of the
                                                    same name by another rank is a new operation)
 
-A name is ready when every rank has submitted it (a rank blocked in join() counts for allreduce).
+A name is ready when every rank has submitted it (a rank blocked in join() counts: it adds zeros to
+an allreduce, no rows to an allgather, and receives a broadcast it cannot be the root of; other
+kinds fail while ranks have joined).
 Names that some but not all ranks submitted for longer than `stall_timeout` seconds become a stall error.
 """
 from __future__ import annotations
@@ -28,7 +32,7 @@ from __future__ import annotations
 import time
 
 from trainrun.runtime.fusion import Batch, Fuser, fusion_of
-from trainrun.runtime.messages import Failure, JoinedInfo, Meta, Response
+from trainrun.runtime.messages import Absent, Failure, JoinedInfo, Meta, Response
 from trainrun.runtime.ops import OP_NAMES
 
 JOIN_NAME, SHUTDOWN_NAME = "__join__", "__shutdown__"
@@ -143,9 +147,13 @@ class Coordinator:
             any_meta = next(iter(entry.values()))
             kind = any_meta.kind
             error = check(name, entry)
-            if error is None and self._joined and kind != "allreduce" and len(entry) < self.size:
+            absent = len(entry) < self.size  # (only while ranks have joined)
+            if error is None and absent and kind not in ("allreduce", "allgather", "broadcast"):
                 error = (f"Tensor '{name}' is a {kind} but {_ranks(set(self._joined))} already called join(); "
-                         "only allreduce can run while ranks have joined")
+                         "only allreduce, allgather and broadcast can run while ranks have joined")
+            if error is None and absent and kind == "broadcast" and any_meta.root not in entry:
+                error = (f"Tensor '{name}' is a broadcast from root_rank {any_meta.root}, which already called "
+                         "join(): a rank that has joined cannot be a broadcast root")
             if error:
                 out.append(Response("error", [name], [set(entry)], Failure("mismatch", error)))
             elif kind == "allreduce":
@@ -153,7 +161,11 @@ class Coordinator:
                 if closed is not None:
                     out.append(self._allreduce_response(closed))
             elif kind == "allgather":
-                out.append(Response(kind, [name], [entry[r].shape[0] for r in range(self.size)], None))
+                dims = [entry[r].shape[0] if r in entry else 0 for r in range(self.size)]  # joined: no rows
+                info = Absent(dims, any_meta.shape, any_meta.dtype, -1) if absent else dims
+                out.append(Response(kind, [name], info, None))
+            elif kind == "broadcast" and absent:
+                out.append(Response(kind, [name], Absent(None, any_meta.shape, any_meta.dtype, any_meta.root), None))
             elif kind == "alltoall":
                 out.append(Response(kind, [name], [entry[r].splits for r in range(self.size)], None))
             else:

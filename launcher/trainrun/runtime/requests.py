@@ -2,8 +2,8 @@
 
 Each takes flat, contiguous storage arrays plus the tensor's shape and logical dtype name (see
 fusion.py), checks what a rank can check alone (raising ValueError like Horovod), names unnamed ops
-in call order (`<kind>.noname.<n>`, counted per process set in the session: context.py, so ranks
-calling in the same order match), and returns Requests for an engine's `submit`
+(`<kind>.noname.<slot>`, per process set: context.Session.next_name, so ranks calling in the same
+order match and repeated calls reuse names the response cache knows), and returns Requests for an engine's `submit`
 (state.engine(process_set)).
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ from trainrun.runtime.ops import GROUP, OP_NAMES, Adasum, Average, Max, Min, Pro
 
 
 def auto_name(kind: str, name: str | None, set_id: int = 0) -> str:
-    """`name`, or the next `<kind>.noname.<n>` of this process set (ranks calling in the same
-    order get the same names)."""
+    """`name`, or the next `<kind>.noname.<slot>` of this process set (ranks calling in the same
+    order get the same names; an async op holds its slot until synchronized: api.submit)."""
     if name is None:
         return RUNTIME.current().next_name(kind, set_id)
     if not isinstance(name, str):
@@ -29,7 +29,7 @@ def auto_name(kind: str, name: str | None, set_id: int = 0) -> str:
 def check_op(op: int) -> int:
     """`op` if trainrun can run it, else ValueError naming the supported ones."""
     if op == Adasum:
-        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+        raise ValueError("op=Adasum is supported by allreduce (and its in-place and async forms) only")
     if op not in (Average, Sum, Min, Max, Product):
         raise ValueError(f"Unknown reduction op {op!r}; use one of {sorted(OP_NAMES.values())}")
     return op

@@ -110,12 +110,31 @@ def local_rank() -> int: return topology().local_rank
 def cross_size() -> int: return topology().cross_size
 def cross_rank() -> int: return topology().cross_rank
 def is_homogeneous() -> bool: return topology().is_homogeneous
+# what trainrun is built with (Horovod's probes): MPI only (mpi4py); no Gloo, DDL, oneCCL or ROCm
 def mpi_enabled() -> bool: return True
 def mpi_built() -> bool: return True
-def mpi_threads_supported() -> bool: return True
 def gloo_enabled() -> bool: return False
 def gloo_built() -> bool: return False
 def rocm_built() -> bool: return False
+def ddl_built() -> bool: return False
+def ccl_built() -> bool: return False
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs at MPI_THREAD_MULTIPLE (Horovod's meaning); raises before init, as Horovod does."""
+    RUNTIME.current()
+    from mpi4py import MPI
+    return MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+
+
+def start_timeline(file_path, mark_cycles=False) -> None:
+    raise NotImplementedError("trainrun records a timeline for the whole run only: set TRAINRUN_TIMELINE "
+                              "(or HOROVOD_TIMELINE) to a file path before init(); it is written at shutdown")
+
+
+def stop_timeline() -> None:
+    raise NotImplementedError("trainrun records a timeline for the whole run only (TRAINRUN_TIMELINE, "
+                              "written at shutdown); it cannot be stopped early")
 
 
 def nccl_built() -> bool:

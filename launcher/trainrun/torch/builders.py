@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainrun.runtime import api, requests as rq
+from trainrun.runtime import adasum, api, requests as rq
 from trainrun.runtime.backends import nccl
 from trainrun.runtime.fusion import dtype_name
-from trainrun.runtime.ops import split_rows
+from trainrun.runtime.ops import Adasum, Average, split_rows
 
 
 # ---- tensor <-> engine buffers ------------------------------------------------------------
@@ -82,6 +82,8 @@ def _in_place(t: torch.Tensor):
 
 # ---- op builders ---------------------------------------------------------------------------
 def allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place):
+    if op == Adasum:
+        return _adasum(eng, tensor, name, prescale_factor, postscale_factor, in_place)
     if in_place:
         buf, done = _in_place(tensor)
         out = buf
@@ -150,7 +152,8 @@ def broadcast(eng, tensor, root_rank, name, in_place):
     return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(buf, tensor)))
 
 
-def alltoall(eng, tensor, splits, name):
+def alltoall(eng, tensor, splits, name, both=False):
+    """Result: the output, plus the received splits when `splits` was given (or `both`)."""
     buf = _host(tensor)
     inp, dtype = _view(buf)
     if isinstance(splits, torch.Tensor):
@@ -160,7 +163,7 @@ def alltoall(eng, tensor, splits, name):
     def finalize(res):
         out, received = res[0]
         out = _to_device(_tensor(out, dtype), tensor)
-        return out if splits is None else (out, torch.as_tensor(received))
+        return out if splits is None and not both else (out, torch.as_tensor(received))
     return [_placed(req, buf)], finalize
 
 
@@ -173,3 +176,53 @@ def reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor):
     req = rq.reducescatter(inp, _view(out)[0], buf.shape, dtype, rq.auto_name("reducescatter", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
     return [_placed(req, buf)], lambda _: _to_device(out, tensor)
+
+
+def grouped(eng, builder, kind, tensors, name, *args):
+    """`builder` (allgather, reducescatter) of each tensor as requests `<name>.<i>`, announced
+    together under one handle; the result is the list of outputs."""
+    base = rq.auto_name(kind, name, eng.set_id)
+    reqs, finals = [], []
+    for i, t in enumerate(tensors):
+        (req,), fin = builder(eng, t, f"{base}.{i}", *args)
+        reqs.append(req)
+        finals.append(fin)
+    return reqs, lambda res: [f([r]) for f, r in zip(finals, res)]
+
+
+def sparse_allreduce(eng, tensor, name, op):
+    """A sparse COO tensor's allreduce as Horovod's: allgather of its indices (transposed, so rows
+    concatenate) and of its values, rebuilt as an (uncoalesced) sparse tensor of the same size."""
+    if not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor (tensor.is_sparse)")
+    base = rq.auto_name("sparse_allreduce", name, eng.set_id)
+    t = tensor.detach()
+    (ireq,), ifin = allgather(eng, t._indices().t().contiguous(), f"{base}.indices")
+    (vreq,), vfin = allgather(eng, t._values().contiguous(), f"{base}.values")
+
+    def finalize(res):
+        indices, values = ifin([res[0]]), vfin([res[1]])
+        if op == Average:
+            values = values / eng.size
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(), check_invariants=False)
+    return [ireq, vreq], finalize
+
+
+def _adasum(eng, tensor, name, prescale_factor, postscale_factor, in_place):
+    """op=Adasum on host memory (runtime/adasum.py): an allgather, combined on every rank."""
+    if tensor.dtype == torch.bfloat16:
+        raise ValueError("op=Adasum needs a float16, float32 or float64 tensor, not bfloat16")
+    buf = tensor.detach().to("cpu").contiguous() if tensor.is_cuda else _host(tensor)
+    out = buf if in_place and buf is tensor else torch.empty_like(buf)
+    inp, dtype = _view(buf)
+    adasum.check_dtype(dtype)
+    req = rq.allgather(inp, (1, inp.size), dtype, rq.auto_name("adasum", name, eng.set_id))
+
+    def finalize(res):
+        adasum.finish(res[0], eng.size, prescale_factor, postscale_factor, _view(out)[0])
+        if in_place and out is not tensor:
+            with torch.no_grad():
+                tensor.copy_(out)
+            return tensor
+        return _to_device(out, tensor)
+    return [req], finalize

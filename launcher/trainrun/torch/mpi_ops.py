@@ -3,13 +3,14 @@ functions. Tensors become engine Requests in builders.py (how CPU, CUDA and non-
 travel is described there); the differentiable ops' autograd Functions are in autograd.py.
 
 Handles are ints (shared with trainrun.runtime's); `synchronize` returns the output tensor.
-The blocking `allreduce`, `grouped_allreduce`, `allgather`, `broadcast` and `reducescatter` are
-differentiable, with Horovod's gradients.
+The blocking `allreduce`, `grouped_allreduce`, `allgather`, `grouped_allgather`, `broadcast`,
+`alltoall`, `reducescatter` and `grouped_reducescatter` are differentiable, with Horovod's gradients.
 """
 from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from trainrun.runtime import api, requests as rq, state
@@ -17,7 +18,8 @@ from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch import builders as build
-from trainrun.torch.autograd import (HorovodAllgather, HorovodAllreduce, HorovodBroadcast, HorovodGroupedAllreduce,
+from trainrun.torch.autograd import (HorovodAllgather, HorovodAllreduce, HorovodAlltoall, HorovodBroadcast,
+                                     HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodGroupedReducescatter,
                                      HorovodReducescatter)
 from trainrun.torch.compression import Compression
 
@@ -57,23 +59,36 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
     if tensor.__class__ is torch.Tensor and tensor.is_cpu and not tensor.requires_grad \
-            and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous():
+            and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
         # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps
         a = tensor.numpy()
         if a.ndim != 1:
             a = a.reshape(-1)
+        named = name.__class__ is str
         req = rq.allreduce(a, a, tuple(tensor.shape), dtype_name(a.dtype),
-                           name if name.__class__ is str else rq.auto_name("allreduce", name, eng.set_id),
+                           name if named else rq.auto_name("allreduce", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
         eng.submit([req])
-        return state.add_handle([req.handle], lambda _: tensor, eng)
+        return state.add_handle([req.handle], lambda _: tensor, eng, None if named else api.hold([req]))
     return api.submit(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                process_set=global_process_set) -> torch.Tensor:
-    op = handle_average_backwards_compatibility(op, average)
-    return _run(build.allreduce, process_set, tensor, name, op, prescale_factor, postscale_factor, True)
+    if op is None or average is not None:
+        op = handle_average_backwards_compatibility(op, average)
+    eng = state.engine(process_set)
+    if _plain(tensor) and op != Adasum:  # contiguous CPU: NumPy's fast path (api.allreduce_into)
+        a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
+        api.allreduce_into(eng, None, a.reshape(-1), a.shape, dtype_name(a.dtype), name, op, prescale_factor,
+                           postscale_factor)
+        return tensor
+    return api.run(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
+
+
+def _plain(t) -> bool:
+    """A contiguous CPU tensor whose storage NumPy can view as its own dtype (not bfloat16)."""
+    return t.__class__ is torch.Tensor and t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous()
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -91,7 +106,30 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set) -> list:
     op = handle_average_backwards_compatibility(op, average)
-    return _run(build.grouped_allreduce, process_set, tensors, name, op, prescale_factor, postscale_factor, True)
+    eng = state.engine(process_set)
+    tensors = list(tensors)
+    arrays = _numpy_views(tensors)
+    if arrays is not None:  # one group of NumPy views, reduced in place (no per-tensor builder work)
+        req = rq.group(arrays, arrays, tuple(a.shape for a in arrays), dtype_name(arrays[0].dtype),
+                       rq.auto_name("grouped_allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
+        eng.run([req])
+        return tensors
+    return api.run(build.grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, True), eng)
+
+
+def _numpy_views(tensors):
+    """NumPy views of `tensors` when all are plain (see _plain) and of one dtype, else None."""
+    if not tensors:
+        return None
+    dtype = tensors[0].dtype
+    if dtype is torch.bfloat16:
+        return None
+    out = []
+    for t in tensors:
+        if t.__class__ is not torch.Tensor or t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
+            return None
+        out.append(t.detach().numpy() if t.requires_grad else t.numpy())
+    return out
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
@@ -114,10 +152,38 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     return _submit(build.alltoall, process_set, tensor, splits, name)
 
 
+def grouped_allgather_async(tensors, name=None, process_set=global_process_set) -> int:
+    """Start allgather of each tensor, announced together; synchronize returns the list."""
+    return _submit(build.grouped, process_set, build.allgather, "grouped_allgather", tensors, name)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0) -> int:
+    """Start reducescatter of each tensor, announced together; synchronize returns the list."""
+    return _submit(build.grouped, process_set, build.reducescatter, "grouped_reducescatter", tensors, name,
+                   rq.check_op(op), prescale_factor, postscale_factor)
+
+
+def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
+    """Start the allreduce of a sparse COO tensor as Horovod does: allgather of its indices and of
+    its values (duplicates are not summed; Average divides the values by the set's size). Returns a
+    handle that `synchronize` takes and that, as in Horovod, can also be called to wait for the result."""
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports op=Average or op=Sum only")
+    return _SparseHandle(_submit(build.sparse_allreduce, process_set, tensor, name, op))
+
+
+class _SparseHandle(int):
+    """An int handle (poll/synchronize) that is also callable, as Horovod's sparse handle is."""
+
+    def __call__(self):
+        return state.synchronize(self)
+
+
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None); returns the output, plus the
-    received splits when `splits` was given. Not differentiable."""
-    return _run(build.alltoall, process_set, tensor, splits, name)
+    received splits when `splits` was given. Differentiable: the gradient is the reverse alltoall."""
+    return HorovodAlltoall.apply(tensor, splits, name, state.engine(process_set))
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
@@ -146,8 +212,19 @@ def join(device=-1) -> int:
 def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None, prescale_factor=1.0,
               postscale_factor=1.0, process_set=global_process_set) -> torch.Tensor:
     """Reduce `tensor` over ranks (default Average); returns a new tensor. Differentiable."""
-    op = handle_average_backwards_compatibility(op, average)
+    if op is None or average is not None:
+        op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
+    if compression is Compression.none and _plain(tensor) and op != Adasum \
+            and not (tensor.requires_grad and torch.is_grad_enabled()):
+        # nothing to differentiate: no autograd Function (its apply costs more than the op). The output
+        # is NumPy-allocated: NumPy asks for huge pages on large arrays, torch does not, and a fresh
+        # 16 MiB output then takes 1.3x longer to fill
+        a = tensor.detach().numpy() if tensor.requires_grad else tensor.numpy()
+        out = np.empty_like(a)
+        api.allreduce_into(eng, a.reshape(-1), out.reshape(-1), a.shape, dtype_name(a.dtype), name, op,
+                           prescale_factor, postscale_factor)
+        return torch.from_numpy(out)
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(compressed, op, name, prescale_factor, postscale_factor, eng)
     return compression.decompress(reduced, ctx)
@@ -158,6 +235,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """allreduce of a list in one fused reduction. Differentiable."""
     op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
+    tensors = list(tensors)
+    if compression is Compression.none and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
+        arrays = _numpy_views(tensors)
+        if arrays is not None:  # nothing to differentiate: NumPy's grouped path, outputs views of one buffer
+            return [torch.from_numpy(o) for o in api.run(
+                api.grouped_builder(eng, arrays, name, op, prescale_factor, postscale_factor), eng)]
     pairs = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, eng,
                                             *[t for t, _ in pairs])
@@ -181,3 +264,17 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor,
                                      state.engine(process_set))
     return compression.decompress(out, ctx)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
+    """allgather of each tensor, announced together. Differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, state.engine(process_set), *tensors))
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
+    """reducescatter of each tensor, announced together. Differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(name, rq.check_op(op), prescale_factor, postscale_factor,
+                                             state.engine(process_set), *[t for t, _ in pairs])
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs)]

@@ -17,13 +17,17 @@ import torch
 
 from trainrun.runtime import state
 from trainrun.torch.compression import Compression
-from trainrun.torch.mpi_ops import Adasum, Average, allreduce_async_, grouped_allreduce_async_
+from trainrun.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
+                                    sparse_allreduce_async)
+
+_SPARSE = object()  # the ctx of a sparse gradient's handle (sparse_allreduce_async, sparse_as_dense=False)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
-                 gradient_predivide_factor=1.0, groups=None, process_set=None):
+                 gradient_predivide_factor=1.0, groups=None, process_set=None, sparse_as_dense=False):
         super(self.__class__, self).__init__(params)
+        self.sparse_as_dense = sparse_as_dense
         self._process_set = process_set
         self._set_size = state.engine(process_set).size  # (a set this rank is not in fails here, not in a hook)
         self._compression = compression
@@ -91,7 +95,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p):
         if p.grad is None:  # a parameter that took no part in this step's loss
             p.grad = p.data.new(p.size()).zero_()
-        compressed, ctx = self._compression.compress(p.grad)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self.sparse_as_dense:  # Horovod's way: allgather of indices and values
+                return sparse_allreduce_async(grad, name=self._parameter_names.get(p), op=self.op,
+                                              process_set=self._process_set), _SPARSE
+            grad = grad.to_dense()  # reduced dense, then written back as p.grad (see synchronize)
+        compressed, ctx = self._compression.compress(grad)
         pre, post = self._scales()
         handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
                                   prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
@@ -156,13 +166,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for key, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 self._handles[key] = self._allreduce_grad_async(key)
-        state.synchronize_all([handle for handle, _ in self._handles.values()])
+        state.synchronize_all([handle for handle, ctx in self._handles.values() if ctx is not _SPARSE])
         for key, (handle, ctx) in self._handles.items():
+            if ctx is _SPARSE:  # its result is the reduced sparse gradient
+                self._allreduce_delay[key] = self.backward_passes_per_step
+                key.grad = state.synchronize(handle)
+                continue
             params, pairs = (key, ctx) if isinstance(key, tuple) else ((key,), [ctx])
             for p, (compressed, cctx) in zip(params, pairs):
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 grad = self._compression.decompress(compressed, cctx)
-                if grad is not p.grad:
+                if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
+                    p.grad = grad
+                elif grad is not p.grad:
                     with torch.no_grad():
                         p.grad.copy_(grad)
         self._handles.clear()
@@ -203,12 +219,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Returns an instance of a dynamic subclass of the optimizer's class that shares its param_groups and
     state. Raises ValueError for gradient_predivide_factor with op != Average, for unnamed or duplicate
-    parameter names, and for op=Adasum (not supported).
+    parameter names, and for op=Adasum (Horovod's delta-based Adasum optimizer is not implemented).
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum:
-        raise ValueError("op=Adasum is not supported by trainrun; use Average or Sum")
+        raise ValueError("DistributedOptimizer(op=Adasum) (Horovod's Adasum optimizer, which reduces the local "
+                         "step's parameter deltas) is not implemented by trainrun; use Average or Sum "
+                         "(hvd.allreduce(..., op=hvd.Adasum) is supported)")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning)
@@ -216,4 +234,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             groups = num_groups
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, process_set)
+               gradient_predivide_factor, groups, process_set, sparse_as_dense)

@@ -329,7 +329,8 @@ def concurrent_threads():
 
 @case
 def argument_errors():
-    for call in (lambda: hvd.allreduce(np.ones(2), op=hvd.Adasum), lambda: hvd.allreduce(np.ones(2), op=42),
+    for call in (lambda: hvd.allreduce(np.ones(2, np.int32), op=hvd.Adasum), lambda: hvd.allreduce(np.ones(2), op=42),
+                 lambda: hvd.reducescatter(np.ones(2), op=hvd.Adasum),
                  lambda: hvd.broadcast(np.ones(2), root_rank=hvd.size()),
                  lambda: hvd.alltoall(np.ones(hvd.size() + 1)),
                  lambda: hvd.allreduce(np.array(["a"]))):
