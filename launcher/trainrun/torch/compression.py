@@ -3,27 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from trainrun.runtime.compression import Compressor, NoneCompressor
 
-class Compressor:
-    """compress(tensor) -> (tensor, ctx); decompress(tensor, ctx) -> tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+__all__ = ["Compression", "Compressor", "FP16Compressor", "NoneCompressor"]
 
 
 class FP16Compressor(Compressor):
