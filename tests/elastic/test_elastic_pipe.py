@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 from tests.elastic.harness import NUMPY_WORKER, LiveRun, by_rank, discovery, leftover_segments, steps_seen, wait_gone
 
 PIPE = [sys.executable, str(Path(__file__).parent / "pipe_trainrun.py")]
@@ -91,4 +92,22 @@ def test_restarts_exhausted_exit_with_the_root_cause(tmp_path):
     assert "restarts exhausted after 2 restart(s)" in err and "3 failure(s) in 3 attempt(s)" in err
     for attempt, action in ((0, "restart 1 of 2"), (1, "restart 2 of 2"), (2, "restarts exhausted (2 of 2)")):
         assert f"attempt {attempt}: rank 1 on far2 (local rank 0) exited with code 9 -> {action}" in err, err
+    assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
+
+
+def test_tensorflow_keras_state_resumes_from_the_last_commit(tmp_path):
+    """hvd.elastic.TensorFlowKerasState (trainrun.tensorflow): a rank fails at step 5 of the first attempt; the
+    restart resumes from the commit at step 5 (weights and optimizer momentum from the agents, no disk) and both
+    ranks end with the same weights and optimizer variables."""
+    pytest.importorskip("tensorflow", reason="tensorflow-cpu not installed (pip install 'trainrun[tensorflow]')")
+    token = f"tok{uuid.uuid4().hex[:8]}"
+    worker = str(Path(__file__).parent / "workers" / "elastic_keras.py")
+    run = LiveRun(["-v", "-np", "2", "--max-restarts", "1", worker, token], cwd=tmp_path,
+                  env={"STEPS": "8", "FAIL_AT": "1:5", "COMMIT_EVERY": "5", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert run.finish(timeout=300) == 0, run.stderr
+    seen = steps_seen(run.lines)
+    assert seen[:5] == [(s, 2, 0) for s in range(1, 6)]
+    assert seen[5:] == [(s, 2, 1) for s in range(6, 9)]  # restart 1 goes on from the commit at step 5
+    finals = {line.split("sha ")[1] for line in run.lines if "final step 8 sha" in line}
+    assert len(finals) == 1 and sum("final step 8" in line for line in run.lines) == 2
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []

@@ -21,3 +21,12 @@ from trainrun.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum
 from trainrun.tensorflow.optimizer import DistributedGradientTape, DistributedOptimizer
 
 __all__ = [n for n in dir() if not n.startswith("_")]
+
+
+def __getattr__(name):
+    """`hvd.elastic` (trainrun.tensorflow.elastic) without importing it with every import of this module."""
+    if name == "elastic":
+        import importlib
+
+        return importlib.import_module("trainrun.tensorflow.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

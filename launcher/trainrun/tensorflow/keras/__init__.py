@@ -61,3 +61,12 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("os", "tf", "keras")]
+
+
+def __getattr__(name):
+    """`hvd.elastic` (trainrun.tensorflow.elastic) without importing it with every import of this module."""
+    if name == "elastic":
+        import importlib
+
+        return importlib.import_module("trainrun.tensorflow.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
