@@ -10,7 +10,7 @@ import sys
 from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.fanout.select import HostSource, host_source
-from trainrun.plan.planner import JobShape, make_plan, master_address, shape_job
+from trainrun.plan.planner import JobShape, host_address, make_plan, master_address, shape_job
 from trainrun.run.output import prepare_output_dir, sink_for
 
 AGENT_START_SLACK = 30.0  # seconds beyond --ssh-timeout for an agent's HELLO (interpreter start-up on a busy host)
@@ -94,8 +94,9 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
 
             nics = choose_nics(cfg, shape.used, engine, facts)
         routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
+        addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
         plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
-                         slurm=source.allocation is not None)
+                         slurm=source.allocation is not None, addresses=addresses)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
         by_host, mpi = plan.by_host(), cfg.mpi != "none"
         local = [p for p in plan.procs if p.host not in agents]

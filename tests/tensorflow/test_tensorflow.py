@@ -80,6 +80,19 @@ def test_example_tf2_keras_on_tf_keras(tmp_path):
     assert (tmp_path / "ck" / "checkpoint-2.h5").exists()
 
 
+def test_multi_worker_mirrored_strategy_runs_under_trainrun(tmp_path):
+    """TensorFlow's own MultiWorkerMirroredStrategy reads the TF_CONFIG trainrun sets (every worker's address and a
+    free port, task index = rank): 2 workers train as one (same loss, same weights)."""
+    if importlib.util.find_spec("tf_keras") is None:
+        pytest.skip("tf-keras not installed: pip install --no-deps tf-keras==2.21.0")
+    proc = run_ranks(EXAMPLES / "mwms_keras.py", 2, ["--steps", "8"], env={**ENV, "TF_USE_LEGACY_KERAS": "1"},
+                     timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = sorted(line.split("worker ", 1)[1] for line in proc.stdout.splitlines() if "worker " in line and " of " in line)
+    assert [r.split()[0] for r in rows] == ["0", "1"] and all(" of 2:" in r for r in rows), proc.stdout
+    assert len({r.split(":", 1)[1] for r in rows}) == 1, rows  # the same loss and weights on both workers
+
+
 def test_example_keras_numpy(tmp_path):
     reports = run_example(tmp_path, "keras_mnist.py", "--epochs", "2", "--steps", "20",
                           "--checkpoint", str(tmp_path / "ck.keras"))

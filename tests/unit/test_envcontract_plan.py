@@ -64,3 +64,19 @@ def test_exported_env_wins_over_derived():
     job = JobInfo("j", "x", 1, nics=("eth0",))
     plan = build_plan(assign_ranks([HostSpec("a", 1)], 1), job, ("p",), "/w", {"NCCL_SOCKET_IFNAME": "ib0"})
     assert plan.procs[0].env["NCCL_SOCKET_IFNAME"] == "ib0" and plan.procs[0].env["UCX_NET_DEVICES"] == "eth0"
+
+
+def test_tf_config_lists_every_worker_and_this_ranks_index():
+    import json
+
+    from trainrun.facts.model import HostFacts
+    from trainrun.plan.envcontract import tf_config
+    from trainrun.plan.planner import tf_workers
+
+    doc = json.loads(tf_config(("10.0.0.1:5000", "10.0.0.2:6000"), 1))
+    assert doc == {"cluster": {"worker": ["10.0.0.1:5000", "10.0.0.2:6000"]}, "task": {"type": "worker", "index": 1}}
+    here = HostFacts(hostname="m", cpus=2, python="p", trainrun="t", free_port=4000, worker_ports=(4001, 4002))
+    a = assign_ranks([HostSpec("localhost", 2), HostSpec("127.0.0.1", 2)], 4)
+    workers = tf_workers(a, {"localhost": here, "127.0.0.1": here}, {"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"})
+    assert len(set(workers)) == 4  # two entries for one machine: no port twice
+    assert workers[:2] == ("127.0.0.1:4001", "127.0.0.1:4002") and workers[2:] == ("127.0.0.1:4003", "127.0.0.1:4004")

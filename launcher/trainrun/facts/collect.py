@@ -9,24 +9,39 @@ from trainrun import __version__
 from trainrun.facts.model import HostFacts
 
 
+WORKER_PORTS = 8  # ports reported for TF_CONFIG's workers; local ranks beyond take the next numbers up
+
+
 def free_port() -> int:
     """A TCP port free on this host now (MASTER_PORT for torch's env:// rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports free on this host now (all held open together while asked, so none repeats)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def launch_facts(with_nics: bool = False) -> HostFacts:
     """The small set every agent reports before its ranks start (NICs: for MASTER_ADDR on the chosen NIC)."""
     from trainrun.facts.gpus import local_gpu_pool
 
+    ports = free_ports(1 + WORKER_PORTS)
     nics = ()
     if with_nics:
         from trainrun.net.nics import local_nics
 
         nics = tuple(local_nics())
     return HostFacts(hostname=socket.gethostname(), cpus=len(os.sched_getaffinity(0)), python=sys.executable,
-                     trainrun=__version__, gpus=local_gpu_pool(), free_port=free_port(), nics=nics)
+                     trainrun=__version__, gpus=local_gpu_pool(), free_port=ports[0], worker_ports=tuple(ports[1:]),
+                     nics=nics)
 
 
 def mpi_facts() -> dict:

@@ -58,6 +58,7 @@ class HostFacts:
     trainrun: str                    # trainrun's version there
     gpus: tuple[int, ...] = ()
     free_port: int = 29500           # a TCP port free there when asked (MASTER_PORT for rank 0's host)
+    worker_ports: tuple[int, ...] = ()  # more ports free there then (TF_CONFIG's workers, one per local rank)
     nics: tuple[Nic, ...] = ()
     # --check only
     os: str = ""
@@ -87,6 +88,7 @@ class HostFacts:
         doc = asdict(self)
         doc["nics"] = [n.to_json() for n in self.nics]
         doc["gpus"], doc["gpu_models"] = list(self.gpus), list(self.gpu_models)
+        doc["worker_ports"] = list(self.worker_ports)
         return doc
 
     @classmethod
@@ -96,6 +98,7 @@ class HostFacts:
         kw = {k: v for k, v in d.items() if k in known}
         kw["nics"] = tuple(Nic.from_json(n) for n in d.get("nics", ()))
         kw["gpus"] = tuple(d.get("gpus", ()))
+        kw["worker_ports"] = tuple(d.get("worker_ports", ()))
         kw["gpu_models"] = tuple(d.get("gpu_models", ()))
         return cls(**kw)
 

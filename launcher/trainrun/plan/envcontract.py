@@ -22,6 +22,7 @@ class JobInfo:
     nics: tuple[str, ...] = ()
     isolate_gpus: bool = False
     slurm: bool = False  # inside a Slurm allocation: also Slurm's own rank variables (see rank_env)
+    tf_workers: tuple[str, ...] = ()  # "address:port" per rank: TF_CONFIG for tf.distribute's multi-worker strategies
 
     def to_arg(self) -> str:
         """One command-line word (JSON) that from_arg reads back (the Open MPI rank shim gets it)."""
@@ -67,10 +68,19 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
         # as the contract, not the one-task step an agent runs in or the launcher's allocation.
         env.update(SLURM_PROCID=a.rank, SLURM_LOCALID=a.local_rank, SLURM_NODEID=a.node_rank, SLURM_NTASKS=a.size,
                    SLURM_NPROCS=a.size)
+    if job.tf_workers:
+        env["TF_CONFIG"] = tf_config(job.tf_workers, a.rank)
     if job.nics:
         nics = ",".join(job.nics)
         env.update(NCCL_SOCKET_IFNAME=nics, GLOO_SOCKET_IFNAME=nics, UCX_NET_DEVICES=nics)
     return {k: str(v) for k, v in env.items()}
+
+
+def tf_config(workers: tuple[str, ...], index: int) -> str:
+    """TF_CONFIG (JSON) for worker `index` of `workers`: what tf.distribute.MultiWorkerMirroredStrategy reads.
+    Written by hand, not with json: the launch path does not import it (addresses and ports need no escaping)."""
+    listed = ", ".join(f'"{w}"' for w in workers)
+    return f'{{"cluster": {{"worker": [{listed}]}}, "task": {{"type": "worker", "index": {index}}}}}'
 
 
 # What a remote rank inherits from the launcher's environment (a local rank inherits all of it).

@@ -68,15 +68,34 @@ def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAss
 
 
 def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
-              job_id: str | None = None, environ: Mapping[str, str] | None = None, slurm: bool = False) -> LaunchPlan:
-    """The whole job, decided. MASTER_PORT is the free port rank 0's host reported (29500 without facts)."""
+              job_id: str | None = None, environ: Mapping[str, str] | None = None, slurm: bool = False,
+              addresses: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The whole job, decided. MASTER_PORT is the free port rank 0's host reported (29500 without facts).
+    `addresses`: every used host's address that all hosts reach (for TF_CONFIG; default: rank 0's host at
+    `master_addr`, the others by name)."""
     environ = os.environ if environ is None else environ
     rank0 = facts.get(shape.used[0].name, NO_FACTS)
+    assignments = assign(cfg, shape, facts)
+    addresses = addresses or {h.name: master_addr if i == 0 else h.name for i, h in enumerate(shape.used)}
     job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
-                  nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm)
+                  nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm,
+                  tf_workers=tf_workers(assignments, facts, addresses))
     argv = command_argv(cfg.command, cfg.python or sys.executable)
-    return build_plan(assign(cfg, shape, facts), job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ),
-                      cfg.bind_to)
+    return build_plan(assignments, job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ), cfg.bind_to)
+
+
+def tf_workers(assignments: list[RankAssignment], facts: Mapping[str, HostFacts], addresses: Mapping[str, str]) -> tuple[str, ...]:
+    """"address:port" of every rank as a TF worker, on the host's address in `addresses`: the ports its host
+    reported free, one per rank in order (the next numbers up past those). Host entries that are one machine
+    (the same facts: `-H localhost:1,127.0.0.1:1`) draw from one list, so no two workers share a port."""
+    out, taken = [], {}
+    for a in assignments:
+        f = facts.get(a.host.name, NO_FACTS)
+        ports = f.worker_ports or (f.free_port + 1,)
+        i = taken[id(f)] = taken.get(id(f), -1) + 1
+        port = ports[i] if i < len(ports) else ports[-1] + i - len(ports) + 1
+        out.append(f"{addresses[a.host.name]}:{port}")
+    return tuple(out)
 
 
 def master_address(rank0: HostSpec, facts: Mapping[str, HostFacts], routes: Mapping[str, tuple[str, str]],
@@ -84,9 +103,15 @@ def master_address(rank0: HostSpec, facts: Mapping[str, HostFacts], routes: Mapp
     """An address of rank 0's host that every host can reach: its address on the first chosen NIC, loopback
     for a one-machine job, the address the launcher reached rank 0's host at, or this machine's address on
     the route to the others. `routes`: {remote host: (its address, this machine's address) as reached}."""
-    if rank0.name in routes:
-        addr = facts[rank0.name].address_on(nics[0]) if nics and rank0.name in facts else None
-        return addr or routes[rank0.name][0]
+    return host_address(rank0, facts, routes, nics)
+
+
+def host_address(host: HostSpec, facts: Mapping[str, HostFacts], routes: Mapping[str, tuple[str, str]],
+                 nics: tuple[str, ...] = ()) -> str:
+    """master_address's rule for any host of the job (this machine's ranks included)."""
+    if host.name in routes:
+        addr = facts[host.name].address_on(nics[0]) if nics and host.name in facts else None
+        return addr or routes[host.name][0]
     if routes:
         return next(iter(routes.values()))[1]
     return "127.0.0.1"

@@ -24,7 +24,7 @@ from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.errors import HostsError, TrainrunError
 from trainrun.plan.placement import ranks_per_host
-from trainrun.plan.planner import JobShape, make_plan, master_address
+from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
 from trainrun.plan.spec import LaunchPlan
 from trainrun.run.discovery import LiveHosts
 from trainrun.run.elastic_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
@@ -160,8 +160,9 @@ class ElasticLoop:
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
         nics = self._nics(shape, facts)
         routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
+        addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
         plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
-                         slurm=self.origin.allocation is not None)
+                         slurm=self.origin.allocation is not None, addresses=addresses)
         plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": str(self.attempt), "TRAINRUN_ELASTIC": "1"})
         by_host, mpi = plan.by_host(), cfg.mpi != "none"
         log.info("attempt %d: job %s, %d rank(s) on %s", self.attempt, plan.job.job_id, len(plan.procs),
