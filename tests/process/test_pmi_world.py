@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from trainrun.mpi import pmi, shm
+from trainrun.mpi import pmi, pmienv, shm
 
 pytest.importorskip("mpi4py")
 pytestmark = pytest.mark.timeout(120)
@@ -50,7 +50,7 @@ class World:
         for rank in range(size):
             ours, theirs = socket.socketpair()
             with theirs:
-                env = dict(base_env, **pmi.socket_env(rank, size, theirs.fileno()))
+                env = dict(base_env, **pmienv.socket_env(rank, size, theirs.fileno()))
                 self.procs.append(subprocess.Popen([sys.executable, "-c", program], env=env,
                                                    pass_fds=[theirs.fileno()], stdout=subprocess.PIPE, text=True))
             self.socks[rank] = ours

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from trainrun.mpi import pmi, shm
+from trainrun.mpi import pmi, pmienv, shm
 
 KVS = "trainrun_job1_abc"
 
@@ -178,4 +178,4 @@ def test_remove_shm_segments_only_this_jobs(tmp_path):
 
 
 def test_socket_env():
-    assert pmi.socket_env(3, 8, 11) == {"PMI_FD": "11", "PMI_RANK": "3", "PMI_SIZE": "8"}
+    assert pmienv.socket_env(3, 8, 11) == {"PMI_FD": "11", "PMI_RANK": "3", "PMI_SIZE": "8"}

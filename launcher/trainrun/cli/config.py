@@ -15,6 +15,15 @@ from trainrun.errors import UsageError
 from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
 
 
+class _NotElastic:
+    """elastic_settings() of a launch with no elastic option."""
+
+    enabled = False
+
+
+NOT_ELASTIC = _NotElastic()
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     command: tuple[str, ...]
@@ -105,9 +114,17 @@ class LaunchConfig:
         if self.mpi == "openmpi" and self.elastic_settings().enabled:
             raise UsageError("--mpi openmpi cannot restart or resize a job (mpirun owns the ranks); use --mpi mpich")
 
+    @property
+    def elastic(self) -> bool:
+        """Any elastic option given (--max-restarts, --min-np, --max-np, --host-discovery-script)."""
+        return (self.max_restarts is not None or self.min_np is not None or self.max_np is not None
+                or self.host_discovery_script is not None)
+
     def elastic_settings(self):
         """The elastic options as one ElasticSettings (run/elastic_policy.py). --max-restarts defaults to 0,
         or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script)."""
+        if not self.elastic:
+            return NOT_ELASTIC  # the usual launch: no policy module (and its dataclasses) on the start-up path
         from trainrun.run.elastic_policy import ElasticSettings
 
         sizing = self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None

@@ -1,7 +1,7 @@
 """MPICH's process-manager side of PMI-1 ("simple PMI", wire version 1), without any I/O.
 
 The launcher is the process manager of the MPI world: every rank talks PMI-1 over its own socket (an
-inherited `PMI_FD`, see `socket_env`), and the job's key-value space (KVS) lives here. This module only turns
+inherited `PMI_FD`, see pmienv.socket_env), and the job's key-value space (KVS) lives here. This module only turns
 bytes received from a rank into bytes to send back; who owns the sockets (the local loop, or a per-host
 agent relaying lines over SSH) is the caller's business, so the same `PmiServer` serves every host.
 
@@ -260,11 +260,3 @@ def process_mapping(ranks_per_node: list[int]) -> str:
             blocks.append([node, 1, ppn])
     return "(vector," + ",".join(f"({a},{b},{c})" for a, b, c in blocks) + ")"
 
-
-def socket_env(rank: int, size: int, fd: int) -> dict[str, str]:
-    """The environment of a rank using Hydra's style: PMI over the inherited socket `fd`.
-
-    The caller keeps `fd` open and at the same number in the child (`subprocess.Popen(pass_fds=[fd])`).
-    Never set `PMI_PORT` next to these: without `PMI_ID` MPICH silently runs every rank as size 1.
-    """
-    return {"PMI_FD": str(fd), "PMI_RANK": str(rank), "PMI_SIZE": str(size)}

@@ -120,7 +120,7 @@ class LocalRanks:
         env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # an outer launcher's PMI is not ours
         pass_fds, child_sock, parent_sock = (), None, None
         if self.pmi:
-            from trainrun.mpi.pmi import socket_env
+            from trainrun.mpi.pmienv import socket_env
 
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
