@@ -2,7 +2,7 @@
 
 `rank_env` is everything trainrun adds to a rank's environment; `read_rank_env` is what the runtime
 (`trainrun.torch` etc.) reads back. Host-side facts (OMP_NUM_THREADS from the host's cores, PMI_FD)
-are added where the process starts (procs.py), since only that host knows them.
+are added where the process starts (run/local.py), since only that host knows them.
 """
 from __future__ import annotations
 
