@@ -131,7 +131,9 @@ def test_check_finds_both_networks(cluster, trainrun_env):
     assert f"verdict: OK, {N * SLOTS} rank(s) on {N} host(s) can run" in out, out
     assert "problem:" not in out and "warning:" not in out, out
     lines = out.splitlines()
-    hosts = lines[lines.index("Hosts") + 2:lines.index("Hosts") + 2 + N]
+    top = next(i for i, ln in enumerate(lines) if ln.startswith("Hosts"))  # "Hosts (where they came from)"
+    assert lines[top] == "Hosts (hosts from --hostfile, reached over ssh)", out
+    hosts = lines[top + 2:top + 2 + N]
     assert [ln.split()[:3] for ln in hosts] == [[nd.name, "ok", nd.name] for nd in cluster.nodes], out
     start = lines.index("Network interfaces") + 2
     rows = {}
