@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import socket
 import statistics
 import sys
@@ -86,22 +85,9 @@ def _serve_conn(conn: socket.socket, host: str, token: str) -> None:
 
 def listen_all(host: str, token: str) -> list[list]:
     """Listen on every up, non-loopback IPv4 address; serve connections in threads. [[nic, addr, port]]."""
-    from trainrun.net.nics import local_nics
+    from trainrun.net.nics import listen_on_nics, local_nics
 
-    sel, listen = selectors.DefaultSelector(), []
-    for nic in local_nics():
-        for a in nic.addresses if nic.up else ():
-            if a.ip.is_loopback:
-                continue
-            s = socket.socket()
-            try:
-                s.bind((str(a.ip), 0))
-            except OSError:
-                s.close()
-                continue
-            s.listen(64)
-            sel.register(s, selectors.EVENT_READ)
-            listen.append([nic.name, str(a.ip), s.getsockname()[1]])
+    sel, listen = listen_on_nics(local_nics())
 
     def accept_loop():
         while True:

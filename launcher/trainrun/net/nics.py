@@ -199,13 +199,11 @@ def _gather(channels: dict, read) -> dict:
     return out
 
 
-def serve(host: str, nonce: str, lifetime: float = 600.0, extra: dict | None = None) -> None:
-    """Probe server: print {"host", "nics", "listen": [[nic, addr, port]...], **extra} as one line, then answer
-    every connection with "HOST NONCE" until stdin reaches EOF (the SSH channel closed) or `lifetime` seconds.
-    `extra` rides on that line (`python -m trainrun.facts serve` puts the host's check facts there)."""
-    nics = local_nics()
-    sel = selectors.DefaultSelector()
-    listen = []
+def listen_on_nics(nics) -> tuple[selectors.BaseSelector, list[list]]:
+    """A listening socket (kernel-chosen port) on every IPv4 address of every up, non-loopback NIC in `nics`,
+    registered in a new selector; and [[nic, address, port]] of them. An address that cannot be bound is
+    left out (it is simply never reached)."""
+    sel, listen = selectors.DefaultSelector(), []
     for nic in nics:
         for a in nic.addresses if nic.up else ():
             if a.ip.is_loopback:
@@ -214,11 +212,20 @@ def serve(host: str, nonce: str, lifetime: float = 600.0, extra: dict | None = N
             try:
                 s.bind((str(a.ip), 0))
             except OSError:
-                s.close()  # an address that cannot be bound is simply never reached
+                s.close()
                 continue
             s.listen(64)
             sel.register(s, selectors.EVENT_READ)
             listen.append([nic.name, str(a.ip), s.getsockname()[1]])
+    return sel, listen
+
+
+def serve(host: str, nonce: str, lifetime: float = 600.0, extra: dict | None = None) -> None:
+    """Probe server: print {"host", "nics", "listen": [[nic, addr, port]...], **extra} as one line, then answer
+    every connection with "HOST NONCE" until stdin reaches EOF (the SSH channel closed) or `lifetime` seconds.
+    `extra` rides on that line (`python -m trainrun.facts serve` puts the host's check facts there)."""
+    nics = local_nics()
+    sel, listen = listen_on_nics(nics)
     print(json.dumps({"host": host, "nics": [n.to_json() for n in nics], "listen": listen, **(extra or {})}), flush=True)
     threading.Thread(target=lambda: (sys.stdin.buffer.read(), os._exit(0)), daemon=True).start()
     timer = threading.Timer(lifetime, os._exit, (0,))

@@ -8,6 +8,8 @@ dim 0 (`split_rows`).
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from trainrun.runtime.messages import Meta
@@ -86,3 +88,16 @@ class Request:
             m = self._meta = _new_tuple(Meta, (self.name, self.kind, self.dtype, self.shape, self.op, self.prescale,
                                                self.postscale, self.root, self.splits, self.device))
         return m
+
+
+def handle_average_backwards_compatibility(op, average):
+    """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning)
+        return Average if average else Sum
+    return Average

@@ -17,12 +17,12 @@ gradient is recorded only while a tape could be watching (tf.custom_gradient cos
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import tensorflow as tf
 
 import trainrun.runtime as rt
+from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
@@ -36,19 +36,6 @@ except ImportError:  # pragma: no cover  (older/newer TF: always record)
         return True
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_./-]")
-
-
-def handle_average_backwards_compatibility(op, average):
-    """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
 
 
 def _check_op(op):

@@ -8,11 +8,11 @@ The blocking `allreduce`, `grouped_allreduce`, `allgather`, `grouped_allgather`,
 """
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import torch
 
+from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import api, requests as rq, state
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
@@ -22,19 +22,6 @@ from trainrun.torch.autograd import (HorovodAllgather, HorovodAllreduce, Horovod
                                      HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodGroupedReducescatter,
                                      HorovodReducescatter)
 from trainrun.torch.compression import Compression
-
-
-def handle_average_backwards_compatibility(op, average):
-    """Horovod's rule: `op` wins, `average` is deprecated, the default is Average."""
-    if op is not None:
-        if average is not None:
-            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-        return op
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
-                      DeprecationWarning)
-        return Average if average else Sum
-    return Average
 
 
 def _submit(builder, process_set, *args) -> int:
