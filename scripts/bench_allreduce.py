@@ -31,28 +31,19 @@ import trainrun.runtime as rt
 import trainrun.torch as hvd
 
 COMM = MPI.COMM_WORLD
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
+from bench_common import interleaved_medians_us  # noqa: E402
+from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []  # (target, measured, met) rows for the report: the issue's speed targets
 
 
 def medians_us(fns, iters, warmup=3):
-    """Median time of each of `fns` over `iters` calls. Every iteration runs each contender once,
-    each call right after a barrier, so a load burst on this shared machine hits all of them alike."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, ts in zip(fns, times):
-            COMM.Barrier()
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) * 1e6 for ts in times]
+    """bench_common.interleaved_medians_us with every rank in step (MPI barrier)."""
+    return interleaved_medians_us(fns, iters, COMM.Barrier, warmup)
 
 
 def iters_for(nbytes, quick):
-    n = max(15, min(300, (1 << 30) // max(nbytes, 1) // 8))  # >= 15: a median of fewer is noise here
-    return max(3, n // 5) if quick else n
+    return _iters_for(nbytes, quick, quick_min=3)
 
 
 def fmt_us(us):

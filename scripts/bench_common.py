@@ -185,3 +185,25 @@ def write_out(text: str, out: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(f"written to {path}", file=sys.stderr)
+
+
+def interleaved_medians_us(fns, iters: int, barrier, warmup: int = 3) -> list[float]:
+    """Median time (us) of each of `fns` over `iters` calls. Every iteration runs each contender once, each call
+    right after `barrier()` (all ranks in step), so a load burst on a shared machine hits all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(iters):
+        for fn, ts in zip(fns, times):
+            barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+    return [statistics.median(ts) * 1e6 for ts in times]
+
+
+def iters_for(nbytes: int, quick: bool, quick_min: int = 3) -> int:
+    """Iterations for a message of `nbytes`: ~1 GiB moved, at least 15 (a median of fewer is noise here), at most 300."""
+    n = max(15, min(300, (1 << 30) // max(nbytes, 1) // 8))
+    return max(quick_min, n // 5) if quick else n

@@ -14,9 +14,7 @@ MultiWorkerMirroredStrategy vs trainrun.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -26,26 +24,19 @@ import trainrun.runtime as rt
 import trainrun.tensorflow as hvd
 
 COMM = MPI.COMM_WORLD
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
+from bench_common import interleaved_medians_us  # noqa: E402
+from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []
 
 
 def medians_us(fns, iters, warmup=3):
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, ts in zip(fns, times):
-            COMM.Barrier()
-            t = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) * 1e6 for ts in times]
+    """bench_common.interleaved_medians_us with every rank in step (MPI barrier)."""
+    return interleaved_medians_us(fns, iters, COMM.Barrier, warmup)
 
 
 def iters_for(nbytes, quick):
-    n = max(15, min(300, (1 << 30) // max(nbytes, 1) // 8))
-    return max(5, n // 5) if quick else n
+    return _iters_for(nbytes, quick, quick_min=5)
 
 
 def fmt_us(us):
