@@ -23,6 +23,30 @@ from trainrun.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_a
 _SPARSE = object()  # the ctx of a sparse gradient's handle (sparse_allreduce_async, sparse_as_dense=False)
 
 
+def parameter_names(param_groups, named_parameters) -> dict:
+    """parameter -> its name on the wire: from `named_parameters` (checked as Horovod does: tuples,
+    unique names, every parameter named), or `allreduce.noname.<group>.<index>` without them."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups) for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    dups = sorted(n for n, count in Counter(k for k, _ in named_parameters).items() if count > 1)
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. "
+                         "Found duplicates: %s" % ", ".join(dups))
+    all_ids = {id(v) for group in param_groups for v in group["params"]}
+    unnamed = all_ids - {id(v) for _, v in named_parameters}
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         "Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+
+    return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step=1, op=Average,
                  gradient_predivide_factor=1.0, groups=None, process_set=None, sparse_as_dense=False):
@@ -31,25 +55,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._process_set = process_set
         self._set_size = state.engine(process_set).size  # (a set this rank is not in fails here, not in a hook)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [(f"allreduce.noname.{i}.{j}", v)
-                                for i, group in enumerate(self.param_groups) for j, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        dups = sorted(n for n, count in Counter(k for k, _ in named_parameters).items() if count > 1)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. "
-                             "Found duplicates: %s" % ", ".join(dups))
-        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
-        unnamed = all_ids - {id(v) for _, v in named_parameters}
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
-                             "Python object ids: %s" % ", ".join(str(i) for i in unnamed))
-
-        self._parameter_names = {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._parameter_names = parameter_names(self.param_groups, named_parameters)
+        named_parameters = [(k, v) for v, k in self._parameter_names.items()]
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
         self.op = op
@@ -219,14 +226,22 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
 
     Returns an instance of a dynamic subclass of the optimizer's class that shares its param_groups and
     state. Raises ValueError for gradient_predivide_factor with op != Average, for unnamed or duplicate
-    parameter names, and for op=Adasum (Horovod's delta-based Adasum optimizer is not implemented).
+    parameter names. With op=Adasum (and more than one rank) it is Horovod's delta optimizer
+    (adasum_optimizer.py): each rank steps locally, the ranks combine the parameter changes with Adasum;
+    only on the global process set, as in Horovod.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum:
-        raise ValueError("DistributedOptimizer(op=Adasum) (Horovod's Adasum optimizer, which reduces the local "
-                         "step's parameter deltas) is not implemented by trainrun; use Average or Sum "
-                         "(hvd.allreduce(..., op=hvd.Adasum) is supported)")
+    if op == Adasum and state.engine(None).size > 1:  # (one rank: the plain optimizer, as in Horovod)
+        if process_set is not None and process_set is not state.global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        if groups or num_groups:
+            raise ValueError("DistributedOptimizer(op=Adasum) reduces each parameter's delta on its own: "
+                             "groups are not supported with it (as in Horovod)")
+        from trainrun.torch.adasum_optimizer import _DistributedAdasumOptimizer
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedAdasumOptimizer.__dict__))
+        return cls(optimizer.param_groups, parameter_names(optimizer.param_groups, named_parameters), compression,
+                   backward_passes_per_step)
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                       DeprecationWarning)

@@ -310,6 +310,48 @@ def adasum_any_world_size():
 
 
 @case
+def adasum_optimizer_combines_deltas():
+    """DistributedOptimizer(op=Adasum): every rank steps its own optimizer (momentum state per rank) on
+    its own batch; the parameters move by the Adasum, per parameter tensor, of the ranks' deltas."""
+    me, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3).double()
+    local = [nn.Linear(4, 3).double() for _ in range(n)]  # the reference: every rank's own optimizer
+    local_opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in local]
+    ref = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    data = [(torch.randn(5, 4, generator=torch.Generator().manual_seed(10 + r), dtype=torch.float64),
+             torch.randn(5, 3, generator=torch.Generator().manual_seed(20 + r), dtype=torch.float64)) for r in range(n)]
+    for _ in range(3):
+        x, y = data[me]
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        deltas = []
+        for m, o, (xr, yr) in zip(local, local_opts, data):
+            with torch.no_grad():
+                for q, r in zip(m.parameters(), ref):
+                    q.copy_(r)
+            o.zero_grad()
+            ((m(xr) - yr) ** 2).mean().backward()
+            o.step()
+            deltas.append([(q - r).detach() for q, r in zip(m.parameters(), ref)])
+        ref = [r + _adasum_tree([d[i].reshape(-1) for d in deltas]).view_as(r) for i, r in enumerate(ref)]
+        for p, r in zip(model.parameters(), ref):
+            close(p, r, 1e-10)
+    if n > 1:
+        sets = hvd.add_process_set([0])
+        try:
+            expect(NotImplementedError, lambda: hvd.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum, process_set=sets), "process sets")
+        finally:
+            hvd.remove_process_set(sets)
+        expect(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                            op=hvd.Adasum, groups=2), "groups")
+
+
+@case
 def build_probes_tell_the_truth():
     from mpi4py import MPI
     assert hvd.mpi_enabled() and hvd.mpi_built()
