@@ -114,14 +114,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                   prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
         return handle, (compressed, ctx)
 
-    def _grouped_allreduce_grad_async(self, params):
-        pairs = []
-        for p in params:
+    def _start_group(self, group: tuple) -> None:
+        """Start the reduction of `group` (every member's gradient final): one grouped allreduce of
+        its dense gradients, under the group's name; a sparse gradient (sparse_as_dense=False) goes
+        on its own, as Horovod reduces sparse gradients (sparse_allreduce_async). Handles are kept
+        under the reduced members (a tuple for the grouped part)."""
+        dense = []
+        for p in group:
             if p.grad is None:
                 p.grad = p.data.new(p.size()).zero_()
-            pairs.append(self._compression.compress(p.grad))
+            if p.grad.is_sparse and not self.sparse_as_dense:
+                self._handles[p] = (sparse_allreduce_async(p.grad, name=self._parameter_names.get(p), op=self.op,
+                                                           process_set=self._process_set), _SPARSE)
+            else:
+                dense.append(p)
+        if dense:
+            key = group if len(dense) == len(group) else tuple(dense)
+            self._handles[key] = self._grouped_allreduce_grad_async(key, self._group_names[group])
+
+    def _grouped_allreduce_grad_async(self, params: tuple, name: str):
+        pairs = []
+        for p in params:  # (sparse ones here are reduced dense: sparse_as_dense, written back in synchronize)
+            pairs.append(self._compression.compress(p.grad.to_dense() if p.grad.is_sparse else p.grad))
         pre, post = self._scales()
-        handle = grouped_allreduce_async_([t for t, _ in pairs], name=self._group_names[params], op=self.op,
+        handle = grouped_allreduce_async_([t for t, _ in pairs], name=name, op=self.op,
                                           prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
         return handle, pairs
 
@@ -144,9 +160,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     ready.add(p)
                     if len(ready) == len(group):
                         del self._group_ready[group]
-                        self._handles[group] = self._grouped_allreduce_grad_async(group)
                         for q in group:
                             self._handles.pop(q, None)
+                        self._start_group(group)
                         return
             self._handles[p] = (handle, ctx)
         return hook
@@ -160,15 +176,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         done = set()
         for key in self._handles:
             done.update(key if isinstance(key, tuple) else (key,))
+        started = set()
         for p in self._requires_update - done:
             group = self._group_of.get(p)
             if group is None:
                 self._handles[p] = self._allreduce_grad_async(p)
-            elif group not in self._handles:
+            elif group not in started:
+                started.add(group)
                 self._group_ready.pop(group, None)
                 for q in group:  # members whose hooks fired wait as (None, None): reduce them once, here
                     self._handles.pop(q, None)
-                self._handles[group] = self._grouped_allreduce_grad_async(group)
+                self._start_group(group)
                 done.update(group)
         for key, (handle, ctx) in list(self._handles.items()):
             if handle is None:

@@ -102,10 +102,13 @@ def _batch(step, rank):
 
 @case
 def sparse_gradients_both_ways():
+    """Sparse gradients reduced as Horovod does (allgather) or dense, alone or in groups= with dense
+    gradients (the sparse one then goes on its own unless sparse_as_dense)."""
     me, n = hvd.rank(), hvd.size()
-    for sparse_as_dense in (False, True):
+    for sparse_as_dense, grouped in ((False, False), (True, False), (False, True), (True, True)):
         model, ref = _embedding_model(), _embedding_model()
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+        groups = [list(model.parameters())] if grouped else None
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), groups=groups,
                                        named_parameters=model.named_parameters(), sparse_as_dense=sparse_as_dense)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
         for step in range(3):
