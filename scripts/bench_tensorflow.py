@@ -4,7 +4,7 @@
 
 Measures medians (rank 0) of one float32 allreduce, op Sum, 4 KiB .. 64 MiB, side by side: every
 iteration runs each contender once, right after a barrier, so load bursts on a shared machine hit
-them alike. Contenders: hvd.allreduce of an eager CPU tensor (out of place, as TF ops are: one
+them alike (tf.function in its own block after them: see rows_for). Contenders: hvd.allreduce of an eager CPU tensor (out of place, as TF ops are: one
 copy into an aligned result buffer the tensor then adopts), the same inside a tf.function
 (numpy_function; TF copies the result), the runtime's NumPy allreduce_ (in place) and allreduce (out
 of place), and raw mpi4py Allreduce(IN_PLACE). Writes a markdown report (date, machine, load, the
@@ -15,6 +15,7 @@ MultiWorkerMirroredStrategy vs trainrun.
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -56,13 +57,17 @@ def rows_for(quick):
         graph = tf.function(lambda v: hvd.allreduce(v, op=hvd.Sum, name="bench.graph"))
         graph(t)  # trace outside the timing
         it = iters_for(nbytes, quick)
-        tf_eager, tf_graph, np_in, np_out, raw, raw_oop = medians_us([
+        tf_eager, np_in, np_out, raw, raw_oop = medians_us([
             lambda: hvd.allreduce(t, op=hvd.Sum, name="bench.tf"),
-            lambda: graph(t),
             lambda: rt.allreduce_(np_buf, name="bench.np_", op=rt.Sum),
             lambda: rt.allreduce(x, name="bench.np", op=rt.Sum),
             lambda: COMM.Allreduce(MPI.IN_PLACE, raw_buf),
             lambda: COMM.Allreduce(x, raw_out)], it)
+        # tf.function in its own block: running its graph leaves TF's executor threads spinning for a
+        # while, which on 2 cores slowed whatever ran next (every other contender, raw MPI included, by
+        # up to 3x at 4 KiB when interleaved)
+        (tf_graph,) = medians_us([lambda: graph(t)], it)
+        time.sleep(0.05)  # (and they settle before the next size's block)
         if nbytes == 4 << 10:
             TARGETS.append(("4 KiB: TF eager allreduce <= 3x raw mpi4py", f"{tf_eager / raw:.1f}x", tf_eager <= 3 * raw))
         if nbytes >= 1 << 20:
@@ -85,10 +90,11 @@ def report(rows, quick, load_start) -> str:
               f"- load average (1 min) at start / end: {load_start:.1f} / {os.getloadavg()[0]:.1f} "
               "(a shared 2-vCPU box inflates every row)",
               f"- method: {COMM.size} ranks started by {launcher}, float32, op Sum, medians on rank 0; every iteration "
-              "runs each contender once, right after a barrier (`scripts/bench_tensorflow.py"
+              "runs each contender once, right after a barrier, tf.function in its own block after the others (its "
+              "executor threads keep spinning after a call and slowed whatever ran next) (`scripts/bench_tensorflow.py"
               + (" --quick" if quick else "") + "`)",
-              "- TF eager: `hvd.allreduce(tensor)` on an eager CPU tensor (out of place: one copy into an aligned "
-              "buffer, reduced in place, adopted by the result tensor through DLPack); TF tf.function: the same op "
+              "- TF eager: `hvd.allreduce(tensor)` on an eager CPU tensor (out of place: MPI reads the tensor's buffer "
+              "and writes a pooled 64-byte-aligned one that the result tensor adopts through DLPack); TF tf.function: the same op "
               "inside `tf.function` (a numpy_function node; TF copies its result); NumPy `allreduce_`: in place; "
               "NumPy `allreduce`: out of place; raw: `COMM.Allreduce(MPI.IN_PLACE, buf)` (the targets' reference); "
               "raw out of place: `COMM.Allreduce(x, out)` into a preallocated `out`", ""]

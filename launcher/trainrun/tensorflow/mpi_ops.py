@@ -22,6 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 import trainrun.runtime as rt
+from trainrun.runtime import api
+from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
@@ -29,6 +31,8 @@ from trainrun.runtime.process_sets import global_process_set
 from trainrun.tensorflow import buffers
 from trainrun.tensorflow.compression import Compression
 
+from tensorflow.python.framework.ops import EagerTensor as _EagerTensor  # (no public name; making a tensor
+                                                                        # here would start TF's context too early)
 try:  # TF's own "could a GradientTape record this op?" (public API has none; ~0.2 us)
     from tensorflow.python.eager.record import could_possibly_record as _could_record
 except ImportError:  # pragma: no cover  (older/newer TF: always record)
@@ -36,6 +40,8 @@ except ImportError:  # pragma: no cover  (older/newer TF: always record)
         return True
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_./-]")
+# dtypes whose NumPy view is the runtime's storage dtype (bfloat16's view is ml_dtypes', not uint16)
+_PLAIN = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64"))
 
 
 def _check_op(op):
@@ -213,6 +219,14 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
             values = values / tf.cast(_set_rank(process_set)[1], values.dtype)
         return tf.IndexedSlices(values * prescale_factor * postscale_factor if (prescale_factor, postscale_factor)
                                 != (1.0, 1.0) else values, indices, dense_shape=tensor.dense_shape)
+    if tensor.__class__ is _EagerTensor and compression is Compression.none and not _could_record() \
+            and tf.executing_eagerly():
+        a = tensor._numpy()
+        if a.dtype in _PLAIN:  # the common eager call (a metric, a custom loop), without the layers below
+            out = buffers.empty(a.shape, a.dtype)
+            api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
+                               dtype_name(a.dtype), name, op, prescale_factor, postscale_factor)
+            return buffers.adopt(out)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     pre, post = float(prescale_factor), float(postscale_factor)
