@@ -37,7 +37,9 @@ class Pool:
 
     def get(self, nbytes: int) -> np.ndarray:
         with self._lock:
-            bufs = self._bufs.setdefault(nbytes, [])
+            bufs = self._bufs.get(nbytes)
+            if bufs is None:
+                bufs = self._bufs[nbytes] = []
             for buf in bufs:
                 # views of buf (the arrays handed out, the tensors on them) refer to buf.base, the
                 # allocation; when only buf and getrefcount's argument do, nothing uses it
@@ -57,6 +59,11 @@ def empty(shape: tuple, dtype: np.dtype) -> np.ndarray:
     """An aligned (pooled when large) array of `shape` and `dtype`."""
     dtype = np.dtype(dtype)
     return _POOL.get(math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
+
+
+def empty_like(a: np.ndarray) -> np.ndarray:
+    """empty(a.shape, a.dtype), for an array (the eager allreduce's output)."""
+    return _POOL.get(a.nbytes).view(a.dtype).reshape(a.shape)
 
 
 def to_tensor(a: np.ndarray) -> tf.Tensor:

@@ -208,6 +208,15 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
     A `tf.IndexedSlices` is gathered, not reduced (as Horovod): values and indices are allgathered
     and the values divided by the set size for Average. Differentiable."""
+    if tensor.__class__ is _EagerTensor and compression is Compression.none and average is None \
+            and op != Adasum and not _could_record() and tf.executing_eagerly():
+        a = tensor._numpy()
+        if a.dtype in _PLAIN:  # the common eager call (a metric, a custom loop), without the layers below
+            out = buffers.empty_like(a)
+            api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
+                               dtype_name(a.dtype), name, Average if op is None else op, prescale_factor,
+                               postscale_factor)
+            return buffers.adopt(out)
     op = _check_op(handle_average_backwards_compatibility(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
@@ -219,14 +228,6 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
             values = values / tf.cast(_set_rank(process_set)[1], values.dtype)
         return tf.IndexedSlices(values * prescale_factor * postscale_factor if (prescale_factor, postscale_factor)
                                 != (1.0, 1.0) else values, indices, dense_shape=tensor.dense_shape)
-    if tensor.__class__ is _EagerTensor and compression is Compression.none and not _could_record() \
-            and tf.executing_eagerly():
-        a = tensor._numpy()
-        if a.dtype in _PLAIN:  # the common eager call (a metric, a custom loop), without the layers below
-            out = buffers.empty(a.shape, a.dtype)
-            api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
-                               dtype_name(a.dtype), name, op, prescale_factor, postscale_factor)
-            return buffers.adopt(out)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     pre, post = float(prescale_factor), float(postscale_factor)
