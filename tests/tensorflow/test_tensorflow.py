@@ -15,7 +15,7 @@ if importlib.util.find_spec("tensorflow") is None:
 HERE = Path(__file__).parent
 EXAMPLES = HERE.parents[1] / "examples" / "tensorflow"
 ENV = {"TRAINRUN_STALL_TIMEOUT": "30", "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
-CASES = ["ops_eager", "ops_in_tf_function", "ops_in_tf1_graph", "indexed_slices_are_gathered",
+CASES = ["ops_eager", "eager_results_keep_their_values", "ops_in_tf_function", "ops_in_tf1_graph", "indexed_slices_are_gathered",
          "gradients_eager_and_graph", "broadcast_variables_and_objects",
          "gradient_tape_in_tf_function_matches_single_process", "tf1_distributed_optimizer_matches_single_process",
          "tf_keras_fit_with_tf_data_matches_single_process", "keras_on_tensorflow_backend_fit_and_load_model",

@@ -77,6 +77,28 @@ def ops_eager():
 
 
 @case
+def eager_results_keep_their_values():
+    """The eager allreduce writes pooled result buffers (tensorflow/buffers.py): results the program
+    still holds are never reused, whatever it keeps (tensors, their .numpy() arrays); Average,
+    pre/postscale and integer dtypes on that path; the input is never written."""
+    r = hvd.rank()
+    x = tf.constant(np.full(8, r + 1, np.float32))
+    kept = [hvd.allreduce(x * (i + 1), op=hvd.Sum) for i in range(12)]  # more than the pool keeps per size
+    arrays = [hvd.allreduce(x * (i + 1), op=hvd.Sum).numpy() for i in range(6)]  # tensors dropped, arrays kept
+    for _ in range(10):
+        hvd.allreduce(x * 100.0, op=hvd.Sum)  # free buffers get reused...
+    for i, t in enumerate(kept):  # ...but not these
+        close([t], [np.full(8, 3.0 * (i + 1))])
+    for i, a in enumerate(arrays):
+        close([a], [np.full(8, 3.0 * (i + 1))])
+    close([x], [np.full(8, r + 1)])
+    close([hvd.allreduce(x), hvd.allreduce(x, prescale_factor=2.0, postscale_factor=0.5, op=hvd.Sum)],
+          [np.full(8, 1.5), np.full(8, 3.0)])
+    ints = hvd.allreduce(tf.constant([r + 1, 7], tf.int64), op=hvd.Sum)
+    assert ints.dtype == tf.int64 and ints.numpy().tolist() == [3, 14], ints
+
+
+@case
 def ops_in_tf_function():
     check_ops(lambda fn, *a: tf.function(fn)(*a))
 
