@@ -7,9 +7,10 @@ variables (so its signature is cached from the second step on). tf-keras (Keras 
 `apply_gradients(grads_and_vars)`. With `backward_passes_per_step=k` the gradients of k calls
 accumulate locally and only every k-th call reduces and applies them (averaged over the k passes if
 `average_aggregated_gradients`); the calls in between apply nothing, so `iterations` counts real
-updates. That accumulation is Python-side: on TensorFlow it needs eager steps (`run_eagerly=True`).
+updates. Eagerly (and on torch) that accumulation is Python-side; in the tf.function that Keras 3's
+`fit` compiles on TensorFlow it is in the graph (tf_ops.accumulate_in_graph: variables and tf.cond).
 
-`ops` is the backend's module (torch_ops or tf_ops): reduce_gradients, clone, GRAPH_ACCUMULATION.
+`ops` is the backend's module (torch_ops or tf_ops): reduce_gradients, clone, accumulate_in_graph.
 """
 from __future__ import annotations
 
@@ -24,11 +25,7 @@ class _Settings:
         self.name = None          # the grouped allreduce's name, fixed on the first step
         self.accumulated = None   # gradients summed over the passes so far
         self.count = 0
-
-
-def _tf_executing_eagerly() -> bool:
-    import tensorflow as tf
-    return tf.executing_eagerly()
+        self.graph = None         # in-graph accumulation's variables (tf_ops.accumulate_in_graph)
 
 
 class _Distributed:
@@ -44,14 +41,16 @@ class _Distributed:
             s = self.__dict__["_trainrun_settings"] = _Settings(*self._trainrun_defaults)
         return s
 
+    def _trainrun_in_graph(self) -> bool:
+        """Whether passes accumulate in a graph (a tf.function step) rather than in Python."""
+        s = self._trainrun
+        return s.passes > 1 and s.ops.accumulate_in_graph is not None and s.ops.in_graph()
+
     def _trainrun_accumulate(self, grads):
-        """grads to apply now, or None while passes are still being accumulated."""
+        """grads to apply now, or None while passes are still being accumulated (Python-side)."""
         s = self._trainrun
         if s.passes == 1:
             return grads
-        if not s.ops.GRAPH_ACCUMULATION and not _tf_executing_eagerly():
-            raise ValueError("backward_passes_per_step > 1 with Keras on TensorFlow needs eager steps: "
-                             "model.compile(..., run_eagerly=True)")
         if s.accumulated is None:
             s.accumulated = [None if g is None else s.ops.clone(g) for g in grads]
         else:
@@ -81,6 +80,12 @@ class _Distributed:
 
 class _Keras3(_Distributed):
     def apply(self, grads, trainable_variables=None):
+        if self._trainrun_in_graph():
+            if not self.built:  # (its variables cannot be made inside the tf.cond below)
+                self.build(trainable_variables)
+            return self._trainrun.ops.accumulate_in_graph(
+                self._trainrun, list(grads), lambda gs: super(_Keras3, self).apply(
+                    self._trainrun_reduce(gs, trainable_variables), trainable_variables))
         grads = self._trainrun_accumulate(list(grads))
         if grads is None:
             return None
@@ -90,6 +95,9 @@ class _Keras3(_Distributed):
 class _Keras2(_Distributed):
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
+        if self._trainrun_in_graph():
+            raise ValueError("backward_passes_per_step > 1 with tf-keras optimizers needs eager steps: "
+                             "model.compile(..., run_eagerly=True) (Keras 3 accumulates inside fit's graph)")
         grads = self._trainrun_accumulate([g for g, _ in pairs])
         if grads is None:
             return None

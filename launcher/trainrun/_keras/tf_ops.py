@@ -10,9 +10,8 @@ from trainrun.tensorflow.compression import Compression
 from trainrun.tensorflow.functions import broadcast_variables as _broadcast_variables
 from trainrun.tensorflow.reduce import reduce_gradients as _reduce
 
-__all__ = ["Compression", "allgather", "allreduce", "broadcast", "broadcast_variables", "clone", "reducescatter",
-           "reduce_gradients"]
-GRAPH_ACCUMULATION = False  # fit traces the step once: Python-side accumulation only works eagerly
+__all__ = ["Compression", "accumulate_in_graph", "allgather", "allreduce", "broadcast", "broadcast_variables", "clone",
+           "in_graph", "reducescatter", "reduce_gradients"]
 
 
 def _tensor(value):
@@ -52,3 +51,37 @@ def reduce_gradients(grads, variables, *, name, op, pre, post, compression, spar
     sparse_as_dense); `pre`/`post` come from gradient_predivide_factor."""
     return _reduce(grads, variables, name=name, compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                    gradient_predivide_factor=post if op == mpi_ops.Average else 1.0, process_set=process_set)
+
+
+def in_graph() -> bool:
+    """Inside a tf.function being traced (fit's step): Python runs once, the graph every step."""
+    return not tf.executing_eagerly()
+
+
+def accumulate_in_graph(settings, grads, apply) -> None:
+    """backward_passes_per_step inside a tf.function: add `grads` to accumulator variables and, on every
+    `settings.passes`-th call, run apply(accumulated) -- reduce over ranks and update -- then zero them,
+    in a tf.cond: every rank takes the branch on the same steps, so its collectives match. The
+    variables are made on the first trace (outside the function, as tf.function requires) and kept in
+    `settings.graph`; IndexedSlices gradients accumulate dense."""
+    if settings.graph is None:
+        with tf.init_scope():
+            accs = [None if g is None else tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False)
+                    for g in grads]
+            settings.graph = (accs, tf.Variable(0, dtype=tf.int64, trainable=False))
+    accs, count = settings.graph
+    for a, g in zip(accs, grads):
+        if a is not None and g is not None:
+            a.assign_add(tf.convert_to_tensor(g))
+    passes = settings.passes
+
+    def update():
+        scale = 1.0 / passes if settings.average_aggregated else 1.0
+        apply([None if a is None else (a.read_value() * scale if scale != 1.0 else a.read_value()) for a in accs])
+        for a in accs:
+            if a is not None:
+                a.assign(tf.zeros_like(a))
+        count.assign(0)
+        return tf.constant(True)
+
+    tf.cond(count.assign_add(1) >= passes, update, lambda: tf.constant(False))

@@ -8,7 +8,7 @@ from trainrun.torch import Compression, mpi_ops
 
 __all__ = ["Compression", "allgather", "allreduce", "broadcast", "broadcast_variables", "clone", "reducescatter",
            "reduce_gradients"]
-GRAPH_ACCUMULATION = True  # torch runs the train step eagerly: Python-side accumulation works
+accumulate_in_graph = None  # torch runs the train step eagerly: passes accumulate Python-side (optimizer.py)
 
 
 def _tensor(value) -> torch.Tensor:

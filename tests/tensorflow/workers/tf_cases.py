@@ -279,10 +279,28 @@ def keras_on_tensorflow_backend_fit_and_load_model():
 def keras_optimizer_errors():
     expect(ValueError, lambda: hvdk.DistributedOptimizer(object()), "keras.optimizers.Optimizer")
     expect(ValueError, lambda: hvdk.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Adasum), "Adasum")
-    model = dense_model(0)
-    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2), loss="mse")
-    x, y = shard(hvd.rank())
-    expect(ValueError, lambda: model.fit(x, y, batch_size=B, epochs=1, verbose=0), "run_eagerly=True")
+
+
+@case
+def keras_fit_accumulates_passes_in_graph():
+    """backward_passes_per_step=2 in fit's compiled step (not run_eagerly): one update per two passes, equal
+    to single-process training on the two steps' batches of every rank together; the odd last pass is
+    kept, not applied."""
+    for average in (True, False):
+        model = dense_model(3)
+        opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2,
+                                        average_aggregated_gradients=average)
+        model.compile(optimizer=opt, loss="mse")
+        x, y = shard(hvd.rank())
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)  # STEPS = 5 passes: 2 updates
+        assert int(opt.iterations.numpy()) == STEPS // 2, int(opt.iterations.numpy())
+        same_everywhere(model.get_weights())
+        ref = dense_model(3)
+        ref.compile(optimizer=keras.optimizers.SGD(0.05 if average else 0.1), loss="mse")  # a sum: twice the step
+        xs, ys = joined()
+        n = 2 * B * hvd.size()
+        ref.fit(xs[:2 * n], ys[:2 * n], batch_size=n, epochs=1, shuffle=False, verbose=0)
+        close(model.get_weights(), ref.get_weights())
 
 
 if __name__ == "__main__":
