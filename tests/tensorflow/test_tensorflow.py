@@ -80,6 +80,16 @@ def test_example_tf2_keras_on_tf_keras(tmp_path):
     assert (tmp_path / "ck" / "checkpoint-2.h5").exists()
 
 
+def test_tf_keras_optimizers_with_backward_passes_in_fit(tmp_path):
+    """tf-keras (Keras 2): legacy and new optimizers, backward_passes_per_step 1 and 2 in fit's graph."""
+    proc = run_ranks(HERE / "workers" / "tf_keras_passes.py", 2, [str(tmp_path)],
+                     env={**ENV, "TF_USE_LEGACY_KERAS": "1"}, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for r in range(2):
+        errors = {k: v for k, v in json.loads((tmp_path / f"rank{r}.json").read_text()).items() if v}
+        assert not errors, f"rank {r}: {errors}"
+
+
 def test_multi_worker_mirrored_strategy_runs_under_trainrun(tmp_path):
     """TensorFlow's own MultiWorkerMirroredStrategy reads the TF_CONFIG trainrun sets (every worker's address and a
     free port, task index = rank): 2 workers train as one (same loss, same weights)."""

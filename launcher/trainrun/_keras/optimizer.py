@@ -69,7 +69,11 @@ class _Distributed:
             return grads
         if s.name is None:
             paths = list(variables) if variables is not None else [None] * len(grads)
-            s.name = "keras.grads." + self.name + "." + ".".join(
+            try:
+                own = self.name
+            except AttributeError:  # tf-keras' legacy optimizers (OptimizerV2) keep it in _name
+                own = self._name
+            s.name = "keras.grads." + own + "." + ".".join(
                 str(getattr(paths[i], "path", None) or getattr(paths[i], "name", i))
                 for i, g in enumerate(grads) if g is not None)
         pre, post = (1.0 / s.predivide, s.predivide) if s.op == Average else (1.0, 1.0)
@@ -96,8 +100,10 @@ class _Keras2(_Distributed):
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         pairs = list(grads_and_vars)
         if self._trainrun_in_graph():
-            raise ValueError("backward_passes_per_step > 1 with tf-keras optimizers needs eager steps: "
-                             "model.compile(..., run_eagerly=True) (Keras 3 accumulates inside fit's graph)")
+            variables = [v for _, v in pairs]  # (tf-keras builds its variables under tf.init_scope itself)
+            return self._trainrun.ops.accumulate_in_graph(
+                self._trainrun, [g for g, _ in pairs], lambda gs: super(_Keras2, self).apply_gradients(
+                    list(zip(self._trainrun_reduce(gs, variables), variables)), *args, **kwargs))
         grads = self._trainrun_accumulate([g for g, _ in pairs])
         if grads is None:
             return None
