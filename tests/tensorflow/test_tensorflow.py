@@ -19,7 +19,7 @@ CASES = ["ops_eager", "eager_results_keep_their_values", "ops_in_tf_function", "
          "gradients_eager_and_graph", "broadcast_variables_and_objects",
          "gradient_tape_in_tf_function_matches_single_process", "tf1_distributed_optimizer_matches_single_process",
          "tf_keras_fit_with_tf_data_matches_single_process", "keras_on_tensorflow_backend_fit_and_load_model",
-         "keras_optimizer_errors", "keras_fit_accumulates_passes_in_graph"]
+         "keras_optimizer_errors", "keras_fit_accumulates_passes_in_graph", "tf1_backward_passes_per_step"]
 
 
 @pytest.fixture(scope="module")

@@ -24,23 +24,71 @@ def _check(op, gradient_predivide_factor, groups, num_groups):
 
 
 class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
-    """A tf.compat.v1 optimizer whose compute_gradients returns gradients reduced over ranks."""
+    """A tf.compat.v1 optimizer whose compute_gradients returns gradients reduced over ranks.
+
+    With backward_passes_per_step=k (graph mode, as Horovod's LocalGradientAggregationHelper): each
+    run of the training op adds its gradients to accumulator variables; every k-th run reduces the
+    accumulated gradients (averaged over the k passes if average_aggregated_gradients) and applies
+    them, then zeroes the accumulators; the other runs apply nothing but still advance global_step."""
 
     def __init__(self, optimizer, name, use_locking, compression, sparse_as_dense, op, gradient_predivide_factor,
-                 process_set):
+                 process_set, passes=1, average_aggregated=False):
         super().__init__(name=name or f"Distributed{type(optimizer).__name__}", use_locking=use_locking)
         self._optimizer = optimizer
         self._reduce = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                             gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
+        self._passes, self._average_aggregated = passes, average_aggregated
+        self._accumulation = None  # (accumulators, counter, is-update-step tensor) of the last compute_gradients
 
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         grads, variables = [g for g, _ in pairs], [v for _, v in pairs]
-        reduced = reduce_gradients(grads, variables, name=grads_name(self.get_name(), variables), **self._reduce)
-        return list(zip(reduced, variables))
+        name = grads_name(self.get_name(), variables)
+        if self._passes == 1:
+            return list(zip(reduce_gradients(grads, variables, name=name, **self._reduce), variables))
+        with tf.compat.v1.variable_scope(None, default_name="trainrun_accumulation"):
+            accs = [None if g is None else tf.compat.v1.get_variable(
+                        f"acc{i}", v.shape, v.dtype.base_dtype, tf.compat.v1.zeros_initializer(), trainable=False)
+                    for i, (g, v) in enumerate(zip(grads, variables))]
+            counter = tf.compat.v1.get_variable("passes", [], tf.int64, tf.compat.v1.zeros_initializer(),
+                                                trainable=False)
+        adds = [a.assign_add(tf.convert_to_tensor(g)) for a, g in zip(accs, grads) if a is not None]
+        with tf.control_dependencies(adds):
+            is_update = tf.equal(counter.assign_add(1), self._passes)
+        live = [i for i, a in enumerate(accs) if a is not None]
+        scale = 1.0 / self._passes if self._average_aggregated else 1.0
 
-    def apply_gradients(self, *args, **kwargs):
-        return self._optimizer.apply_gradients(*args, **kwargs)
+        def reduce():
+            values = [accs[i].read_value() * scale if scale != 1.0 else accs[i].read_value() for i in live]
+            return reduce_gradients(values, [variables[i] for i in live], name=name, **self._reduce)
+
+        out = tf.cond(is_update, reduce, lambda: [accs[i].read_value() for i in live])
+        self._accumulation = (accs, counter, is_update)
+        merged = dict(zip(live, out if isinstance(out, (list, tuple)) else [out]))
+        return [(merged.get(i), v) for i, v in enumerate(variables)]
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if self._passes == 1:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+        if self._accumulation is None:
+            raise ValueError("backward_passes_per_step > 1: call compute_gradients (or minimize) of the "
+                             "DistributedOptimizer before apply_gradients")
+        accs, counter, is_update = self._accumulation
+        grads_and_vars = list(grads_and_vars)
+
+        def apply():
+            op = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
+            with tf.control_dependencies([op]):
+                resets = [a.assign(tf.zeros_like(a)) for a in accs if a is not None] + [counter.assign(0)]
+            with tf.control_dependencies(resets):
+                return tf.constant(True)
+
+        def skip():
+            deps = [] if global_step is None else [tf.compat.v1.assign_add(global_step, 1)]
+            with tf.control_dependencies(deps):
+                return tf.constant(False)
+
+        return tf.group(tf.cond(is_update, apply, skip))
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)
@@ -61,11 +109,14 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     accepted and ignored (CPU tensors; all gradients travel as one group)."""
     _check(op, gradient_predivide_factor, groups, num_groups)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        if backward_passes_per_step != 1:
-            raise NotImplementedError("backward_passes_per_step > 1 is not supported by trainrun for "
-                                      "tf.compat.v1 optimizers; accumulate gradients in the training loop")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+        if backward_passes_per_step > 1 and tf.executing_eagerly():
+            raise ValueError("backward_passes_per_step > 1 with a tf.compat.v1 optimizer works in graph mode "
+                             "(a tf.compat.v1 Graph/Session), as in Horovod")
         return _DistributedOptimizer(optimizer, name, use_locking, compression, sparse_as_dense, op,
-                                     gradient_predivide_factor, process_set)
+                                     gradient_predivide_factor, process_set, backward_passes_per_step,
+                                     average_aggregated_gradients)
     # a Keras optimizer: the same wrapper trainrun.tensorflow.keras.DistributedOptimizer makes
     from trainrun._keras import optimizer as keras_impl
     from trainrun._keras import tf_ops

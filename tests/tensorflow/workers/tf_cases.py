@@ -226,6 +226,37 @@ def tf1_distributed_optimizer_matches_single_process():
     assert losses[-1] < losses[0], losses
 
 
+@case
+def tf1_backward_passes_per_step():
+    """tf.compat.v1 DistributedOptimizer(backward_passes_per_step=2) in a graph: gradients accumulate in
+    variables, every second run reduces and applies them (averaged: average_aggregated_gradients), every
+    run advances global_step; equal to single-process Adagrad on the two runs' batches of every rank."""
+    def run(xs, ys, n, passes, distributed, runs):
+        with tf.Graph().as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, D])
+            y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+            w = tf.compat.v1.get_variable("w", [D, 1], initializer=tf.compat.v1.random_normal_initializer(seed=3))
+            b = tf.compat.v1.get_variable("b", [1], initializer=tf.compat.v1.zeros_initializer())
+            loss = tf.reduce_mean((tf.matmul(x, w) + b - y) ** 2)
+            step = tf.compat.v1.train.get_or_create_global_step()
+            opt = tf.compat.v1.train.AdagradOptimizer(0.1)
+            if distributed:
+                opt = hvd.DistributedOptimizer(opt, backward_passes_per_step=passes, average_aggregated_gradients=True)
+            train_op = opt.minimize(loss, global_step=step)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for i in range(runs):
+                    sess.run(train_op, {x: xs[i * n:(i + 1) * n], y: ys[i * n:(i + 1) * n]})
+                return sess.run([w, b]), sess.run(step)
+    x, y = shard(hvd.rank())
+    weights, steps = run(x, y, B, 2, True, STEPS)
+    assert steps == STEPS, steps  # every run advances global_step, as in Horovod
+    xs, ys = joined()
+    ref, _ = run(xs, ys, 2 * B * hvd.size(), 1, False, STEPS // 2)  # one update per two runs' batches
+    close(weights, ref)
+    same_everywhere(weights)
+
+
 def keras_fit(hvd_module, optimizer, data, epochs=2, **fit):
     model = dense_model(100 + hvd.rank())  # apart until BroadcastGlobalVariablesCallback
     model.compile(optimizer=hvd_module.DistributedOptimizer(optimizer), loss="mse")
