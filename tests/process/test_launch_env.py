@@ -156,6 +156,14 @@ def test_omp_num_threads_from_export(run_trainrun):
     assert {r["env"]["OMP_NUM_THREADS"] for r in ranks(run).values()} == {"5"}
 
 
+def test_torch_huge_pages_default_and_opt_out(run_trainrun):
+    """THP_MEM_ALLOC_ENABLE=1 (torch's allocator asks for huge pages on large tensors) unless the user set it."""
+    run = run_trainrun("-np", 2, "--prefix", "none", worker("env_dump.py"), env=base_env(THP_MEM_ALLOC_ENABLE=None))
+    assert {r["env"]["THP_MEM_ALLOC_ENABLE"] for r in ranks(run).values()} == {"1"}
+    run = run_trainrun("-np", 2, "--prefix", "none", worker("env_dump.py"), env=base_env(THP_MEM_ALLOC_ENABLE="0"))
+    assert {r["env"]["THP_MEM_ALLOC_ENABLE"] for r in ranks(run).values()} == {"0"}
+
+
 def _core_sets() -> list[set[int]]:
     cores: dict[str, set[int]] = {}
     for cpu in sorted(os.sched_getaffinity(0)):
