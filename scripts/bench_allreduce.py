@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ import trainrun.torch as hvd
 
 COMM = MPI.COMM_WORLD
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
-from bench_common import interleaved_medians_us  # noqa: E402
+from bench_common import interleaved_medians_us, interleaved_samples_us  # noqa: E402
 from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []  # (target, measured, met) rows for the report: the issue's speed targets
 
@@ -186,21 +185,8 @@ def call_paths(quick):
 
 
 def samples_us(fns, iters, warmup=5, settle=None):
-    """Per-iteration times (us) of each of `fns`, interleaved after barriers (as medians_us);
-    `settle`, if given, runs untimed before each call."""
-    for fn in fns:
-        for _ in range(warmup):
-            fn()
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, ts in zip(fns, times):
-            if settle is not None:
-                settle()
-            COMM.Barrier()
-            t = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t) * 1e6)
-    return times
+    """bench_common.interleaved_samples_us with every rank in step (MPI barrier)."""
+    return interleaved_samples_us(fns, iters, COMM.Barrier, warmup, settle)
 
 
 def spread(samples, raw):

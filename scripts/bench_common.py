@@ -187,20 +187,28 @@ def write_out(text: str, out: str) -> None:
     print(f"written to {path}", file=sys.stderr)
 
 
-def interleaved_medians_us(fns, iters: int, barrier, warmup: int = 3) -> list[float]:
-    """Median time (us) of each of `fns` over `iters` calls. Every iteration runs each contender once, each call
-    right after `barrier()` (all ranks in step), so a load burst on a shared machine hits all of them alike."""
+def interleaved_samples_us(fns, iters: int, barrier, warmup: int = 3, settle=None) -> list[list[float]]:
+    """Per-iteration times (us) of each of `fns` over `iters` iterations. Every iteration runs each contender
+    once, each call right after `barrier()` (all ranks in step), so a load burst on a shared machine hits all
+    of them alike; `settle`, if given, runs untimed before each call."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times = [[] for _ in fns]
     for _ in range(iters):
         for fn, ts in zip(fns, times):
+            if settle is not None:
+                settle()
             barrier()
             t = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) * 1e6 for ts in times]
+            ts.append((time.perf_counter() - t) * 1e6)
+    return times
+
+
+def interleaved_medians_us(fns, iters: int, barrier, warmup: int = 3) -> list[float]:
+    """The median of each contender's interleaved_samples_us."""
+    return [statistics.median(ts) for ts in interleaved_samples_us(fns, iters, barrier, warmup)]
 
 
 def iters_for(nbytes: int, quick: bool, quick_min: int = 3) -> int:

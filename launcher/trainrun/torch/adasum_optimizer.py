@@ -22,6 +22,7 @@ import torch
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum
 from trainrun.torch.mpi_ops import allreduce_async_
+from trainrun.torch.passes import count_pass
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -67,13 +68,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before call "
-                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-            self._allreduce_delay[p] -= 1
             handle = ctx = None
-            if self._allreduce_delay[p] == 0:
+            if count_pass(self._handles, self._allreduce_delay, p):
                 handle, ctx = self._allreduce_delta_async(p)
             self._handles[p] = (handle, ctx)
         return hook

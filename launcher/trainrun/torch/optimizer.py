@@ -17,6 +17,7 @@ import torch
 
 from trainrun.runtime import state
 from trainrun.torch.compression import Compression
+from trainrun.torch.passes import count_pass
 from trainrun.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
                                     sparse_allreduce_async)
 
@@ -143,15 +144,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*_):
-            if p in self._handles and self._handles[p][0] is not None and self._allreduce_delay[p] <= 0:
-                raise AssertionError(
-                    "Gradients were computed more than backward_passes_per_step times before call "
-                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
             assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            self._allreduce_delay[p] -= 1
             handle, ctx = None, None
-            if self._allreduce_delay[p] == 0:
+            if count_pass(self._handles, self._allreduce_delay, p):
                 group = self._group_of.get(p)
                 if group is None:
                     handle, ctx = self._allreduce_grad_async(p)
