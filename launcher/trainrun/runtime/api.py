@@ -181,7 +181,6 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
     return [req], (lambda _: outs)
 
 
-grouped_builder = _grouped_allreduce  # (the frameworks' fast path: arrays in, (Requests, finalize) out)
 
 
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,

@@ -3,7 +3,8 @@ finalize) for api.submit / api.run on engine `eng` (finalize(results) makes what
 
 Tensors reach the engine as NumPy views of their storage (no copy for contiguous CPU tensors;
 bfloat16 travels as its 16-bit pattern). Non-contiguous tensors are copied to a contiguous buffer
-(and, for in-place ops, copied back when the op completes). CUDA tensors stay on the GPU and are
+(and, for in-place ops, copied back when the op completes). A group of CPU tensors of one dtype
+travels as one flat copy (flat.py). CUDA tensors stay on the GPU and are
 reduced with NCCL (runtime/backends/nccl.py) when libnccl.so.2 loads; with
 TRAINRUN_GPU_OPERATIONS=mpi (or no NCCL) they are staged through host memory.
 """
@@ -16,6 +17,7 @@ from trainrun.runtime import adasum, api, requests as rq
 from trainrun.runtime.backends import nccl
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, split_rows
+from trainrun.torch import flat
 
 
 # ---- tensor <-> engine buffers ------------------------------------------------------------
@@ -97,34 +99,15 @@ def allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place
 
 
 def grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, in_place):
-    """CPU tensors of one dtype travel as one group (one negotiation entry, one reduction: see
-    ops.Request); anything else as one request per tensor, announced together."""
+    """CPU tensors of one dtype travel as one flat tensor (flat.py: one copy in, one request, one copy
+    out or views of it); anything else as one request per tensor, announced together."""
     base = rq.auto_name("grouped_allreduce", name, eng.set_id)
     tensors = list(tensors)
-    if tensors and len({t.dtype for t in tensors}) == 1 and not any(t.is_cuda for t in tensors):
-        bufs, dones = [], []
-        for t in tensors:
-            if in_place:
-                buf, done = _in_place(t)
-                dones.append(done)
-            else:
-                buf = _host(t)
-            bufs.append(buf)
-        pairs = [_view(b) for b in bufs]
-        views, dtype = [v for v, _ in pairs], pairs[0][1]
-        shapes = tuple(tuple(b.shape) for b in bufs)
-        if in_place:
-            req = rq.group(views, views, shapes, dtype, base, op, prescale_factor, postscale_factor)
-            return [req], lambda _: [d() for d in dones]
-        fused = torch.empty(sum(b.numel() for b in bufs), dtype=bufs[0].dtype)
-        outs = [o.view(shape) for o, shape in zip(fused.split([b.numel() for b in bufs]), shapes)]
-        flat = _view(fused)[0]
-        np_outs, off = [], 0
-        for v in views:
-            np_outs.append(flat[off:off + v.size])
-            off += v.size
-        req = rq.group(views, np_outs, shapes, dtype, base, op, prescale_factor, postscale_factor, flat)
-        return [req], lambda _: outs
+    if flat.packable(tensors):
+        packed = flat.Packed(tensors)
+        buf, dtype = _view(packed.flat)
+        req = rq.allreduce(buf, buf, buf.shape, dtype, base, op, prescale_factor, postscale_factor)
+        return [req], (lambda _: packed.unpack()) if in_place else (lambda _: packed.views())
     reqs, finals = [], []
     for i, t in enumerate(tensors):
         (req,), fin = allreduce(eng, t, f"{base}.{i}", op, prescale_factor, postscale_factor, in_place)

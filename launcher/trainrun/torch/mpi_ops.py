@@ -94,29 +94,7 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
                        process_set=global_process_set) -> list:
     op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
-    tensors = list(tensors)
-    arrays = _numpy_views(tensors)
-    if arrays is not None:  # one group of NumPy views, reduced in place (no per-tensor builder work)
-        req = rq.group(arrays, arrays, tuple(a.shape for a in arrays), dtype_name(arrays[0].dtype),
-                       rq.auto_name("grouped_allreduce", name, eng.set_id), op, prescale_factor, postscale_factor)
-        eng.run([req])
-        return tensors
     return api.run(build.grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, True), eng)
-
-
-def _numpy_views(tensors):
-    """NumPy views of `tensors` when all are plain (see _plain) and of one dtype, else None."""
-    if not tensors:
-        return None
-    dtype = tensors[0].dtype
-    if dtype is torch.bfloat16:
-        return None
-    out = []
-    for t in tensors:
-        if t.__class__ is not torch.Tensor or t.dtype is not dtype or not t.is_cpu or not t.is_contiguous():
-            return None
-        out.append(t.detach().numpy() if t.requires_grad else t.numpy())
-    return out
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
@@ -224,10 +202,8 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     eng = state.engine(process_set)
     tensors = list(tensors)
     if compression is Compression.none and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-        arrays = _numpy_views(tensors)
-        if arrays is not None:  # nothing to differentiate: NumPy's grouped path, outputs views of one buffer
-            return [torch.from_numpy(o) for o in api.run(
-                api.grouped_builder(eng, arrays, name, op, prescale_factor, postscale_factor), eng)]
+        # nothing to differentiate: no autograd Function (outputs: views of one reduced tensor, flat.py)
+        return api.run(build.grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, False), eng)
     pairs = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, eng,
                                             *[t for t, _ in pairs])

@@ -80,6 +80,47 @@ def async_grouped_and_scaled():
 
 
 @case
+def grouped_allreduce_layouts():
+    """Groups travel as one flat copy (trainrun/torch/flat.py): concatenated along dim 0 when the
+    dims after it agree, else flattened one by one. Each layout, in place and out of place, sync and
+    async, against the float64 reference: equal widths (cat), mixed dims, a 0-d tensor, an empty 1-D
+    tensor among 2-D ones (which cat would skip), non-contiguous inputs, parameters requiring grad."""
+    layouts = {"equal widths": [(3, 4), (5, 4), (1, 4)], "mixed dims": [(2,), (3, 2), (1,)],
+               "0-d": [(), (3,)], "empty 1-D among 2-D": [(2, 3), (0,), (4, 3)], "one": [(6,)]}
+    seed = 300
+    for label, shapes in layouts.items():
+        for in_place in (False, True):
+            for asynchronous in (False, True):
+                seed += 1
+                ts = [data(hvd.rank(), seed + i, s, torch.float32) for i, s in enumerate(shapes)]
+                wants = [ranks_data(seed + i, s).sum(0) for i, s in enumerate(shapes)]
+                if in_place:
+                    h = hvd.grouped_allreduce_async_(ts, op=hvd.Sum) if asynchronous else None
+                    got = hvd.synchronize(h) if asynchronous else hvd.grouped_allreduce_(ts, op=hvd.Sum)
+                    assert all(g is t for g, t in zip(got, ts)), f"{label}: in place must return the inputs"
+                else:
+                    h = hvd.grouped_allreduce_async(ts, op=hvd.Sum) if asynchronous else None
+                    got = hvd.synchronize(h) if asynchronous else hvd.grouped_allreduce(ts, op=hvd.Sum)
+                    for t, i in zip(ts, range(len(shapes))):  # inputs untouched
+                        close(t, data(hvd.rank(), seed + i, shapes[i], torch.float32), torch.float32)
+                for g, w, s in zip(got, wants, shapes):
+                    assert tuple(g.shape) == s, f"{label}: shape {tuple(g.shape)} != {s}"
+                    close(g, w, torch.float32)
+    # non-contiguous inputs, reduced in place: written back through their strides
+    seed += 1
+    base = [data(hvd.rank(), seed + i, (4, 3), torch.float64) for i in range(3)]
+    ts = [b.t() for b in base]
+    hvd.grouped_allreduce_(ts, op=hvd.Sum)
+    for i, b in enumerate(base):
+        close(b, ranks_data(seed + i, (4, 3)).sum(0), torch.float64)
+    # parameters (leaves requiring grad): reduced in place without autograd, grad mode on
+    params = [torch.nn.Parameter(torch.full((3,), float(hvd.rank() + 1))) for _ in range(2)]
+    hvd.grouped_allreduce_(params, op=hvd.Sum)
+    want = float(sum(range(1, hvd.size() + 1)))
+    assert all(p.requires_grad and torch.equal(p.detach(), torch.full((3,), want)) for p in params)
+
+
+@case
 def gather_broadcast_alltoall_reducescatter():
     me, n = hvd.rank(), hvd.size()
     for dtype in DTYPES:
