@@ -49,10 +49,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
             and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
         # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps
         a = tensor.numpy()
-        if a.ndim != 1:
+        shape = a.shape  # (a tuple already: tuple(tensor.shape) costs 0.3 us more per gradient)
+        if len(shape) != 1:
             a = a.reshape(-1)
         named = name.__class__ is str
-        req = rq.allreduce(a, a, tuple(tensor.shape), dtype_name(a.dtype),
+        req = rq.allreduce(a, a, shape, dtype_name(a.dtype),
                            name if named else rq.auto_name("allreduce", name, eng.set_id),
                            op, prescale_factor, postscale_factor)
         eng.submit([req])
