@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import time
 
-from mpi4py import MPI
-
 from trainrun.runtime import rounds
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.messages import Response
@@ -80,9 +78,8 @@ class Driver:
         """Post a round contributing `send` (rounds.encode of the cache's current size): it becomes
         the round in flight. Returns its MPI request."""
         n = self._cache.words
-        recv = bytearray(16 * n)
-        self._round_send, self._round_recv, self._round_words = send, recv, n
-        request = self._inflight = self._ctrl.Iallreduce([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BAND)
+        request, self._round_recv = self._port.start(send, n)
+        self._round_send, self._round_words, self._inflight = send, n, request
         return request
 
     def _wants_phase(self) -> bool:

@@ -61,6 +61,7 @@ from trainrun.runtime.lone import LoneOp
 from trainrun.runtime.messages import Meta
 from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import Handle, Request
+from trainrun.runtime.round_port import RoundPort
 from trainrun.runtime.timing import BACKGROUND_SPIN_S, IDLE_S, MAX_SLEEP_S, WAITER_SPIN_S
 
 _SHUT_DOWN = "trainrun has been shut down; call init() again to use collectives"
@@ -91,6 +92,7 @@ class Engine(LoneOp, Driver, Completion):
         self.rank, self.size = rank, size
         self.set_id, self.ranks = set_id, list(range(size)) if ranks is None else ranks
         self._ctrl = comm.Dup()
+        self._port = RoundPort(self._ctrl)  # the rounds' persistent MPI requests (round_port.py)
         self._backend = MPIBackend(comm)
         self._timeline_path = timeline_path
         self._timeline = tl.Timeline(rank, self._ctrl.bcast(time.time(), root=0)) if timeline_path else None
@@ -269,6 +271,7 @@ class Engine(LoneOp, Driver, Completion):
                     tl.write(self._timeline_path, events)
             self._coll.close()
             self._backend.close()
+            self._port.close()
             self._ctrl.Free()
 
     def abort(self, reason: str, grace_s: float = 1.0) -> None:
