@@ -118,6 +118,22 @@ def test_first_failure_by_time_names_the_killed_rank(run_trainrun, tmp_path):
                      text, re.M), run.stderr
 
 
+def test_first_failure_is_the_rank_that_raised_not_those_it_stopped(run_trainrun, tmp_path):
+    """Rank 1 raises; trainrun fails the others' collectives with "rank 1 stopped" and they exit at once,
+    while rank 1 is still exiting (trainrun then stops it: no failure of its own on record). The summary
+    still names rank 1 first, with its traceback, and the others as consequences; the exit code is 1."""
+    run = run_trainrun("-v", "-np", 3, sys.executable, HANG, tmp_path, "raise", 1, timeout=90)
+    log = [line for line in run.stderr.splitlines() if re.match(r"trainrun: rank \d exited with", line)]
+    assert log and log[0] != "trainrun: rank 1 exited with 1", f"rank 1 exited first: the test proves nothing\n{run.stderr}"
+    assert run.rc == 1, run.stderr
+    lines = run.stderr.splitlines()
+    first = next(line for line in lines if "(the first failure)" in line)
+    assert first.startswith("trainrun: rank 1 on localhost (local rank 1) "), run.stderr
+    assert "  | RuntimeError: bad batch on rank 1" in lines, run.stderr
+    assert re.search(r"^  rank [02] on localhost \(local rank [02]\) exited with code 1, [\d.]+s (later|earlier): "
+                     r".*HorovodInternalError: trainrun: rank 1 stopped: ", run.stderr, re.M), run.stderr
+
+
 def test_setsid_grandchildren_killed_after_fail_fast(run_trainrun, tmp_path):
     run = run_trainrun("-np", 3, sys.executable, HANG, tmp_path, "setsid", 1)
     assert run.rc == 3, run.stderr

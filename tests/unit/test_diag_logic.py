@@ -5,7 +5,7 @@ import pytest
 from trainrun.diag.report import group_stacks, headline, render
 from trainrun.diag.stacks import Frame, RankStack, ThreadStack, parse_faulthandler, parse_py_spy
 from trainrun.fanout.clock import ClockOffset
-from trainrun.run.result import Failure, JobResult, settle, tail_to_show
+from trainrun.run.result import Failure, JobResult, named_rank, settle, tail_to_show
 
 
 def f(rank, at, code=1):
@@ -25,6 +25,38 @@ def test_settle(failures, stopped_at, trigger, first, later):
     assert (got_first.rank if got_first else None) == first
     assert [x.rank for x in got_later] == later
 
+
+
+STOPPED = "trainrun.runtime.exceptions.HorovodInternalError: trainrun: rank 0 stopped: it exited with an unhandled exception"
+
+
+@pytest.mark.parametrize("tails, first, later", [
+    # rank 1 raised the runtime's "rank 0 stopped" error before rank 0 (the cause) had finished exiting
+    ({1: ("Traceback (most recent call last):", STOPPED), 0: ("RuntimeError: boom",)}, 0, [1]),
+    ({1: (STOPPED, "", "  "), 0: ("RuntimeError: boom",)}, 0, [1]),       # trailing blank lines
+    ({1: (STOPPED,), 2: ("x",)}, 1, [2]),                                  # rank 0 did not fail: no one to blame
+    ({1: (STOPPED, "more", "lines", "after"), 0: ("y",)}, 1, [0]),         # not among its last lines
+    ({1: ("ValueError: rank 0 stopped: in the user's own words",), 0: ("y",)}, 1, [0]),  # not the runtime's error
+])
+def test_settle_blames_the_rank_the_error_names(tails, first, later):
+    failures = [Failure(1, f"rank {r} failed", r, tail, 10.0 + 0.1 * i) for i, (r, tail) in enumerate(tails.items())]
+    got_first, got_later = settle(failures, 20.0, failures[0])
+    assert got_first.rank == first
+    assert [x.rank for x in got_later] == later
+
+
+def test_named_rank_and_its_reason():
+    assert named_rank(Failure(1, "x", 1, ("Traceback ...", STOPPED + "; collectives cannot complete (...)"))) == \
+        (0, "it exited with an unhandled exception")
+    assert named_rank(Failure(1, "x", 1, (STOPPED,))) == (0, "it exited with an unhandled exception")
+    assert named_rank(Failure(1, "x", 1, ("RuntimeError: boom",))) is None
+
+
+def test_summary_says_earlier_for_a_consequence_that_exited_first():
+    cause = Failure(1, "rank 0 on h (local rank 0) exited with code 1", 0, ("RuntimeError: boom",), 10.3)
+    consequence = Failure(1, "rank 1 on h (local rank 1) exited with code 1", 1, (STOPPED,), 10.0)
+    text = JobResult(exit_code=1, failure=cause, consequences=[consequence]).summary(2)
+    assert "rank 1 on h (local rank 1) exited with code 1, 0.30s earlier: " in text
 
 TB = ["noise"] * 50 + [
     "Traceback (most recent call last):",

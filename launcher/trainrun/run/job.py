@@ -27,7 +27,7 @@ from trainrun import log
 from trainrun.plan.spec import LaunchPlan
 from trainrun.run.groups import ExitInfo
 from trainrun.run.output import OutputSink
-from trainrun.run.result import Failure, JobResult, exit_code_of, settle, signame
+from trainrun.run.result import Failure, JobResult, exit_code_of, named_rank, settle, signame
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
@@ -228,13 +228,23 @@ class Job:
 
     def _settle(self) -> None:
         """The first failure by time, and its exit code; the rest as consequences."""
-        first, later = settle(self._failures, self._stopped_at, self.result.failure)
+        # the tails are complete now that every stream has ended (settle reads them: a rank may name the cause)
+        fresh = lambda f: f if f.rank is None else Failure(f.exit_code, f.what, f.rank, tuple(self.sink.stderr_tail(f.rank)), f.at, f.oom)  # noqa: E731
+        failures = [fresh(f) for f in self._failures]
+        trigger = next((g for f, g in zip(self._failures, failures) if f is self.result.failure), None)
+        first, later = settle(failures, self._stopped_at, trigger)
         if first is None:
             return
-        # the tails are complete now that every stream has ended
-        fresh = lambda f: f if f.rank is None else Failure(f.exit_code, f.what, f.rank, tuple(self.sink.stderr_tail(f.rank)), f.at, f.oom)  # noqa: E731
-        self.result.failure = fresh(first)
-        self.result.consequences = [fresh(f) for f in later]
+        named = named_rank(first)
+        if named is not None and named[0] in self._specs and all(f.rank != named[0] for f in failures):
+            # the rank the others' errors name was still exiting when trainrun stopped the job: not a
+            # failure of its own record, but the cause; its stderr shows what it raised
+            rank, reason = named
+            cause = Failure(first.exit_code, f"{self._where(rank)} stopped: {reason}", rank,
+                            tuple(self.sink.stderr_tail(rank)), first.at)
+            first, later = cause, [first, *later]
+        self.result.failure = first
+        self.result.consequences = later
         self.result.exit_code = first.exit_code
 
     def run(self) -> JobResult:

@@ -9,6 +9,7 @@ printed one (from the last "Traceback" line to the exception line), else its las
 """
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -56,7 +57,8 @@ class JobResult:
                 lines.append(f"trainrun: then {len(self.consequences)} more failure(s), probably consequences:")
                 for c in self.consequences[:CONSEQUENCES_SHOWN]:
                     last = next((ln.strip() for ln in reversed(c.stderr_tail) if ln.strip()), "")
-                    lines.append(f"  {c.what}, {max(0.0, c.at - f.at):.2f}s later" + (f": {last[:200]}" if last else ""))
+                    when = f"{c.at - f.at:.2f}s later" if c.at >= f.at else f"{f.at - c.at:.2f}s earlier"  # (named_cause)
+                    lines.append(f"  {c.what}, {when}" + (f": {last[:200]}" if last else ""))
                 if len(self.consequences) > CONSEQUENCES_SHOWN:
                     lines.append(f"  ... and {len(self.consequences) - CONSEQUENCES_SHOWN} more")
             return "\n".join(lines)
@@ -68,7 +70,10 @@ class JobResult:
 def settle(failures: list[Failure], stopped_at: float | None, trigger: Failure | None = None) -> tuple[Failure | None, list[Failure]]:
     """(the first failure, the later ones) by time. Only the failure that made the job stop (`trigger`)
     and failures at or before the moment it began to stop (`stopped_at`) can be the first: later ones
-    happened while trainrun was stopping the job."""
+    happened while trainrun was stopping the job. One exception: when the earliest failure's last lines
+    say the runtime failed it because another rank stopped ("rank N stopped: ...", the error every other
+    rank gets when one exits with an unhandled exception), rank N's own failure is the first, even if it
+    exited later (it was still shutting down when the others had already raised)."""
     if not failures:
         return None, []
     ordered = sorted(failures, key=lambda f: f.at)
@@ -76,7 +81,31 @@ def settle(failures: list[Failure], stopped_at: float | None, trigger: Failure |
     first = candidates[0] if candidates else None
     if first is None:
         return None, []
+    first = named_cause(first, ordered)
     return first, [f for f in ordered if f is not first]
+
+
+_STOPPED = re.compile(r"\btrainrun: rank (\d+) stopped: (.*?)(?:; collectives cannot complete|$)")  # negotiation.py
+
+
+def named_rank(failure: Failure) -> tuple[int, str] | None:
+    """(rank N, its reason) when `failure`'s last lines are the runtime's HorovodInternalError
+    "trainrun: rank N stopped: <reason>; ..." (every other rank's error when rank N exits with an
+    unhandled exception), else None."""
+    for line in reversed([line for line in failure.stderr_tail if line.strip()][-3:]):
+        m = _STOPPED.search(line)
+        if m is not None:
+            return int(m.group(1)), m.group(2)
+    return None
+
+
+def named_cause(failure: Failure, failures: list[Failure]) -> Failure:
+    """The failure of the rank `failure` names as stopped (named_rank), if that rank failed too; else
+    `failure` itself."""
+    named = named_rank(failure)
+    if named is None:
+        return failure
+    return next((f for f in failures if f.rank == named[0] and f is not failure), failure)
 
 
 def tail_to_show(tail: tuple[str, ...] | list[str]) -> list[str]:

@@ -6,6 +6,10 @@
                   so its exit is reported 0.5 s late); the others notice (they watch its pid, as a
                   peer's socket would be reset) and exit 1 with "connection reset by rank R" 0.2 s later
                   (more than the error of the hosts' clock offsets, less than the late report)
+  raise R         rank R raises RuntimeError after the first allreduce and lingers 0.5 s after trainrun
+                  has stopped it (an atexit handler registered before trainrun's import runs after
+                  trainrun's); the others, failed by the runtime with "trainrun: rank R stopped: ...",
+                  print it and exit at once: they end before rank R does
   setsid [R]      every rank starts a grandchild in its own session (it leaves the rank's process group)
                   that sleeps forever, records its pid, prints "ready" and sleeps; rank R (if given)
                   exits 3 once every rank has recorded its grandchild
@@ -18,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 directory, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
@@ -73,6 +78,28 @@ def kill(victim):
     os._exit(1)  # not sys.exit: the runtime's collective shutdown would wait for the dead rank
 
 
+def raise_on(culprit):
+    import atexit
+    if rank == culprit:  # registered before trainrun is imported, so it runs after trainrun's handler (LIFO)
+        atexit.register(time.sleep, 0.5)
+
+    import numpy as np
+
+    import trainrun.numpy as hvd
+
+    hvd.init()
+    hvd.allreduce(np.ones(4), name="warm-up")
+    if rank == culprit:
+        raise RuntimeError(f"bad batch on rank {rank}")
+    try:
+        for step in range(1000):
+            hvd.allreduce(np.ones(4), name=f"step.{step}")
+    except hvd.HorovodInternalError:  # exit at once (no collective exit), so these ranks end before rank R
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def setsid(failing):
     gc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -90,5 +117,7 @@ if mode == "hang":
     hang()
 elif mode == "kill":
     kill(int(sys.argv[3]))
+elif mode == "raise":
+    raise_on(int(sys.argv[3]))
 elif mode == "setsid":
     setsid(int(sys.argv[3]) if len(sys.argv) > 3 else None)
