@@ -59,6 +59,21 @@ def in_place_and_non_contiguous():
     close(t, ranks_data(51, (5, 3)).max(0).values, torch.float32)
     t = data(hvd.rank(), 52, (3, 4), torch.float64).t()
     close(hvd.allreduce(t, op=hvd.Sum), ranks_data(52, (3, 4)).sum(0).t(), torch.float64)
+    # contiguous views at an offset into a larger storage (the blocking path reduces at the tensor's
+    # own address): only the view's elements change, in place; out of place, none do
+    for dtype in (torch.float32, torch.int64, torch.float16):
+        big = data(hvd.rank(), 53, (4, 6), dtype)
+        before = big.clone()
+        rows = big[1:3]
+        assert rows.is_contiguous() and rows.storage_offset() == 6
+        got = hvd.allreduce(rows, op=hvd.Sum)
+        assert torch.equal(big, before), f"{dtype}: out of place wrote its input"
+        close(got, ranks_data(53, (4, 6)).sum(0)[1:3], dtype)
+        assert hvd.allreduce_(rows, op=hvd.Sum) is rows
+        close(big[1:3], ranks_data(53, (4, 6)).sum(0)[1:3], dtype)
+        assert torch.equal(big[0], before[0]) and torch.equal(big[3:], before[3:]), f"{dtype}: wrote outside the view"
+    empty = torch.empty(0, 3)
+    assert hvd.allreduce_(empty) is empty and hvd.allreduce(empty).shape == (0, 3)
 
 
 @case
