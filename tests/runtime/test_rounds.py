@@ -47,12 +47,3 @@ def test_ids_are_ascending():
     assert rounds.ids(0b1011_0001) == [0, 4, 5, 7]
     assert rounds.ids(1 << 4095) == [4095]
 
-
-def test_round_port_on_three_ranks():
-    """runtime/round_port.py over real MPI on 3 ranks: rounds of sizes 1, 2, 1, 3, 2, 1 words (a
-    persistent request per size, made once and restarted), and the same through the nonblocking
-    fallback an MPI before 4.0 gets; every rank checks AND and OR of the three contributions."""
-    from tests.runtime.launch import WORKERS, run_ranks
-    proc = run_ranks(WORKERS / "round_port.py", 3, [], None, 60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stderr.count("round port ok") == 3, proc.stderr

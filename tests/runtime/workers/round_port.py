@@ -1,4 +1,4 @@
-"""Rank side of test_rounds.py's RoundPort test: real MPI rounds of changing sizes, with persistent
+"""Rank side of test_persistent_requests.py's RoundPort test: real MPI rounds of changing sizes, with persistent
 requests and with the nonblocking fallback; every rank checks AND/OR of what all ranks sent."""
 import sys
 

@@ -10,6 +10,7 @@ when communication overlaps backward on a host with no spare core; the engine's 
 as its caller needs (see Engine._yielding_wait). A caller's wait (`spin_then_wait`) polls with
 MPI_Test first: measured with MPICH 5 on 2 ranks, MPI_Wait on a 4 KiB Iallreduce returns ~2 us later
 than polling it does (7.5 vs 5.6 us, blocking MPI_Allreduce 6.2 us), and never sooner at any size.
+Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduces).
 """
 from __future__ import annotations
 
@@ -40,6 +41,65 @@ def _displs(counts):
     return out
 
 
+SMALL_MAX = 8 << 10  # allreduces up to this size go through persistent requests (SmallAllreduces)
+SMALL_KEPT = 32      # persistent requests kept per communicator, the oldest dropped first
+
+
+class SmallAllreduces:
+    """Small allreduces as persistent requests (MPI_Allreduce_init) on buffers of their own: copy in,
+    MPI_Start, copy out. Measured with MPICH 5 on 2 ranks: 4 KiB 4.35 -> 3.71 us, 8 KiB 5.50 -> 5.24
+    us against a fresh MPI_Iallreduce (building its schedule is most of a small one's cost); from 16
+    KiB the copies cost more than that saves. One request per (size, dtype, op).
+
+    Ordering: making a persistent collective request is itself collective (every rank of the
+    communicator, in the same order as its other collectives). Every rank's engine runs the same
+    allreduces in the same order with the same sizes, so every rank meets a new key, and drops the
+    oldest one, at the same point: the table stays the same everywhere. Only one
+    allreduce is in flight on the communicator at a time, so one buffer per request suffices.
+    An MPI before 4.0 (no MPI_Allreduce_init) gets MPI_Iallreduce."""
+
+    def __init__(self, comm):
+        self._comm = comm
+        self._kept: dict[tuple, tuple] = {}  # (nbytes, dtype, op) -> (request, buffer), oldest first
+        self._persistent = True
+
+    def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int, wait) -> None:
+        entry = self._kept.get((recv.nbytes, recv.dtype, op))
+        if entry is None:
+            entry = self._make(recv, op)
+            if entry is None:
+                wait(self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+                return
+        request, buf = entry
+        buf[...] = recv if send is None else send
+        request.Start()
+        wait(request)
+        recv[...] = buf
+
+    def _make(self, recv: np.ndarray, op: int):
+        """A new (request, buffer) for recv's size, dtype and op, the oldest dropped beyond SMALL_KEPT;
+        None if the MPI has no persistent collectives."""
+        if not self._persistent:
+            return None
+        buf = np.empty(recv.shape, recv.dtype)
+        try:
+            request = self._comm.Allreduce_init(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
+        except NotImplementedError:  # an MPI before 4.0 (the same library on every rank)
+            self._persistent = False
+            return None
+        kept = self._kept
+        if len(kept) >= SMALL_KEPT:
+            kept.pop(next(iter(kept)))[0].Free()
+        entry = kept[(recv.nbytes, recv.dtype, op)] = (request, buf)
+        return entry
+
+    def close(self) -> None:
+        """Free the requests (none in flight): before the communicator is freed."""
+        for request, _ in self._kept.values():
+            request.Free()
+        self._kept.clear()
+
+
 class MPIBackend:
     """Collectives on a duplicate of the world communicator; call `close()` to free it."""
 
@@ -48,12 +108,17 @@ class MPIBackend:
         # wait(request) completes a nonblocking MPI request: spin_then_wait, unless the engine's
         # background thread, while it drives, sets a wait that yields the CPU between polls
         self.wait = spin_then_wait
+        self._small = SmallAllreduces(self.comm)
 
     def close(self) -> None:
+        self._small.close()
         self.comm.Free()
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int) -> None:
         """recv = op over ranks of send (in place on recv when send is None)."""
+        if recv.nbytes <= SMALL_MAX:
+            self._small.allreduce(send, recv, op, self.wait)
+            return
         self.wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
