@@ -81,7 +81,7 @@ class SmallAllreduces:
         None if the MPI has no persistent collectives."""
         if not self._persistent:
             return None
-        buf = np.empty(recv.shape, recv.dtype)
+        buf = np.empty(recv.size, recv.dtype)
         try:
             request = self._comm.Allreduce_init(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
         except NotImplementedError:  # an MPI before 4.0 (the same library on every rank)
@@ -115,7 +115,8 @@ class MPIBackend:
         self.comm.Free()
 
     def allreduce(self, send: np.ndarray | None, recv: np.ndarray, op: int) -> None:
-        """recv = op over ranks of send (in place on recv when send is None)."""
+        """recv = op over ranks of send (in place on recv when send is None); flat contiguous arrays, as
+        every caller in the engine passes (SmallAllreduces keys its buffers by size, not shape)."""
         if recv.nbytes <= SMALL_MAX:
             self._small.allreduce(send, recv, op, self.wait)
             return
