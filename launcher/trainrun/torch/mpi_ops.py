@@ -91,7 +91,7 @@ _from_address = None  # mpi4py's MPI.buffer.fromaddress, bound at first use (imp
 
 
 def _flat_view(t: torch.Tensor):
-    """(a flat NumPy array over a plain tensor's memory, its logical dtype name) for a blocking call.
+    """(a flat NumPy array over a plain tensor's memory, its logical dtype name).
 
     Made from the address (0.4 us) rather than by Tensor.numpy() (1 us with its release): the array
     does not keep the tensor alive, so it may only be used while something else holds the tensor (a
