@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from trainrun.runtime.backends.mpi import allreduce_init
+
 
 class RoundPort:
     def __init__(self, comm):
@@ -33,10 +35,8 @@ class RoundPort:
             sbuf, rbuf = bytearray(16 * words), bytearray(16 * words)
             request = None
             if self._persistent:
-                try:
-                    request = self._comm.Allreduce_init([sbuf, MPI.UINT64_T], [rbuf, MPI.UINT64_T], op=MPI.BAND)
-                except NotImplementedError:  # an MPI before 4.0 (the same library on every rank)
-                    self._persistent = False
+                request = allreduce_init(self._comm, [sbuf, MPI.UINT64_T], [rbuf, MPI.UINT64_T], MPI.BAND)
+                self._persistent = request is not None
             entry = self._by_words[words] = (request, sbuf, rbuf)
         request, sbuf, rbuf = entry
         if request is None:

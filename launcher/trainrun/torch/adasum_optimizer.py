@@ -22,7 +22,7 @@ import torch
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum
 from trainrun.torch.mpi_ops import allreduce_async_
-from trainrun.torch.passes import count_pass
+from trainrun.torch.passes import count_pass, refuse_zero_grad
 
 
 class _DistributedAdasumOptimizer(torch.optim.Optimizer):
@@ -102,8 +102,5 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
-                                 "can cause a race condition.")
+        refuse_zero_grad(self._handles)
         return super(self.__class__, self).zero_grad(*args, **kwargs)

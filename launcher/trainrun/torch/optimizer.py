@@ -17,7 +17,7 @@ import torch
 
 from trainrun.runtime import state
 from trainrun.torch.compression import Compression
-from trainrun.torch.passes import count_pass
+from trainrun.torch.passes import count_pass, refuse_zero_grad
 from trainrun.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
                                     sparse_allreduce_async)
 
@@ -225,10 +225,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
-                                 "can cause a race condition.")
+        refuse_zero_grad(self._handles)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 

@@ -1,4 +1,5 @@
-"""backward_passes_per_step bookkeeping shared by the DistributedOptimizers (optimizer.py, adasum_optimizer.py)."""
+"""Gradient-hook bookkeeping shared by the DistributedOptimizers (optimizer.py, adasum_optimizer.py):
+backward_passes_per_step, and Horovod's rule against zero_grad() while reductions are outstanding."""
 from __future__ import annotations
 
 
@@ -12,3 +13,12 @@ def count_pass(handles: dict, delay: dict, p) -> bool:
     assert delay[p] > 0
     delay[p] -= 1
     return delay[p] == 0
+
+
+def refuse_zero_grad(handles: dict) -> None:
+    """Horovod's AssertionError for zero_grad() between backward() and step()/synchronize(): the
+    gradients it would clear are still being reduced."""
+    if handles:
+        raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                             "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
+                             "can cause a race condition.")

@@ -41,6 +41,15 @@ def _displs(counts):
     return out
 
 
+def allreduce_init(comm, send, recv, op):
+    """A persistent allreduce request (MPI_Allreduce_init, MPI 4), or None from an MPI before 4.0
+    (the same library on every rank, so every rank falls back alike). Making one is collective."""
+    try:
+        return comm.Allreduce_init(send, recv, op=op)
+    except NotImplementedError:
+        return None
+
+
 SMALL_MAX = 8 << 10  # allreduces up to this size go through persistent requests (SmallAllreduces)
 SMALL_KEPT = 32      # persistent requests kept per communicator, the oldest dropped first
 
@@ -82,9 +91,8 @@ class SmallAllreduces:
         if not self._persistent:
             return None
         buf = np.empty(recv.size, recv.dtype)
-        try:
-            request = self._comm.Allreduce_init(MPI.IN_PLACE, buf, op=_MPI_OPS[op])
-        except NotImplementedError:  # an MPI before 4.0 (the same library on every rank)
+        request = allreduce_init(self._comm, MPI.IN_PLACE, buf, _MPI_OPS[op])
+        if request is None:
             self._persistent = False
             return None
         kept = self._kept
