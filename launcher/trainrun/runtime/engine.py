@@ -135,12 +135,14 @@ class Engine(LoneOp, Driver, Completion):
         self._thread.start()
 
     # ---- called by user threads -------------------------------------------------------------
-    def submit(self, reqs: list[Request], *, caller_waits: bool = False) -> None:
+    def submit(self, reqs: list[Request], *, caller_waits: bool = False, wake: bool = True) -> None:
         """Queue requests (announced together). Raises ValueError for a name already in flight here,
         HorovodInternalError once the engine is closed.
 
         `caller_waits=True` promises an immediate `wait`/`wait_all` on them: the background thread is
-        not woken, so the caller's own wait drives them without a thread hand-off.
+        not woken, so the caller's own wait drives them without a thread hand-off. `wake=False` only
+        leaves the background thread asleep, promising nothing: for a caller that will most likely
+        wait soon (else the thread finds the requests within IDLE_S).
         """
         with self._lock:
             if self._closed:
@@ -165,7 +167,7 @@ class Engine(LoneOp, Driver, Completion):
             if caller_waits:
                 self._drivers += 1
                 self._promised += 1
-            elif self._idle:
+            elif self._idle and (wake or self.size == 1):  # (one rank: its thread has no idle rounds)
                 self._idle = False  # one wake-up per burst of submits: the thread takes the whole queue
                 self._cv.notify_all()
 

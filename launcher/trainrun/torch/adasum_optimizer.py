@@ -69,7 +69,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook(*_):
             handle = ctx = None
-            if count_pass(self._handles, self._allreduce_delay, p):
+            if count_pass(self._allreduce_delay, p):
                 handle, ctx = self._allreduce_delta_async(p)
             self._handles[p] = (handle, ctx)
         return hook

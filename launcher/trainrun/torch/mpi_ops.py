@@ -14,7 +14,6 @@ import torch
 
 from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import api, requests as rq, state
-from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch import builders as build
@@ -49,7 +48,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
             and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
         # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps; the
         # handle's finalize holds the tensor until synchronize, which the view from its address needs
-        a, dtype = _flat_view(tensor)
+        a, dtype = build.flat_view(tensor)
         named = name.__class__ is str
         req = rq.allreduce(a, a, tuple(tensor.shape), dtype,
                            name if named else rq.auto_name("allreduce", name, eng.set_id),
@@ -64,48 +63,13 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
-    if _plain(tensor) and op != Adasum:  # contiguous CPU: NumPy's fast path (api.allreduce_into)
-        a, dtype = _flat_view(tensor)
+    if build.plain(tensor) and op != Adasum:  # contiguous CPU: NumPy's fast path (api.allreduce_into)
+        a, dtype = build.flat_view(tensor)
         api.allreduce_into(eng, None, a, tuple(tensor.shape), dtype, name, op, prescale_factor, postscale_factor)
         return tensor
     return api.run(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
 
 
-def _plain(t) -> bool:
-    """A contiguous CPU tensor whose storage NumPy can view as its own dtype (not bfloat16)."""
-    return t.__class__ is torch.Tensor and t.is_cpu and t.dtype is not torch.bfloat16 and t.is_contiguous()
-
-
-def _numpy_dtypes() -> dict:
-    """torch dtype -> (NumPy dtype, logical dtype name) for the dtypes NumPy can hold."""
-    out = {}
-    for d in (torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32,
-              torch.int64, torch.bool):
-        nd = torch.empty(0, dtype=d).numpy().dtype
-        out[d] = (nd, dtype_name(nd))
-    return out
-
-
-_NUMPY_DTYPES = _numpy_dtypes()
-_from_address = None  # mpi4py's MPI.buffer.fromaddress, bound at first use (importing mpi4py.MPI starts MPI)
-
-
-def _flat_view(t: torch.Tensor):
-    """(a flat NumPy array over a plain tensor's memory, its logical dtype name).
-
-    Made from the address (0.4 us) rather than by Tensor.numpy() (1 us with its release): the array
-    does not keep the tensor alive, so it may only be used while something else holds the tensor (a
-    blocking op's caller; an async op's handle until it is synchronized)."""
-    global _from_address
-    nd, name = _NUMPY_DTYPES.get(t.dtype) or (None, None)
-    n = t.nbytes
-    if nd is None or not n:  # (a dtype not listed above; an empty tensor has no address)
-        a = t.detach().numpy()
-        return a.reshape(-1), dtype_name(a.dtype)
-    if _from_address is None:
-        from mpi4py import MPI
-        _from_address = MPI.buffer.fromaddress
-    return np.frombuffer(_from_address(t.data_ptr(), n), nd), name
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -210,12 +174,12 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
     eng = state.engine(process_set)
-    if compression is Compression.none and _plain(tensor) and op != Adasum \
+    if compression is Compression.none and build.plain(tensor) and op != Adasum \
             and not (tensor.requires_grad and torch.is_grad_enabled()):
         # nothing to differentiate: no autograd Function (its apply costs more than the op). The output
         # is NumPy-allocated: NumPy asks for huge pages on large arrays, torch does not, and a fresh
         # 16 MiB output then takes 1.3x longer to fill
-        a, dtype = _flat_view(tensor)
+        a, dtype = build.flat_view(tensor)
         out = np.empty_like(a)
         api.allreduce_into(eng, a, out, tuple(tensor.shape), dtype, name, op, prescale_factor, postscale_factor)
         return torch.from_numpy(out.reshape(tensor.shape))

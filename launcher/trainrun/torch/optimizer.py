@@ -1,8 +1,10 @@
 """DistributedOptimizer (horovod.torch.optimizer): average gradients across ranks during backward.
 
-Each parameter gets a post-accumulate-grad hook that starts its allreduce (in place on p.grad, named
-after the parameter) as soon as its gradient is final for this step, so communication overlaps the
-rest of backward; `step()` waits for all of them (`synchronize()`), then runs the wrapped optimizer.
+Each parameter gets a post-accumulate-grad hook that notes its gradient final for this step; each
+gradient is reduced by its own allreduce (in place on p.grad, named after the parameter, as in
+Horovod), started in batches: whenever the final gradients not yet started reach BATCH_BYTES (so
+communication overlaps the rest of backward on large models), and the rest in `synchronize()`, which
+`step()` calls before the wrapped optimizer's step.
 With backward_passes_per_step=k, gradients accumulate locally for k backward passes and are reduced
 once. `groups` (a list of lists of parameters, or a number of groups) reduces each group together,
 started when its last member's gradient is ready.
@@ -16,11 +18,19 @@ from contextlib import contextmanager
 import torch
 
 from trainrun.runtime import state
+from trainrun.runtime.ops import Handle
+from trainrun.torch import builders as build
 from trainrun.torch.compression import Compression
 from trainrun.torch.passes import count_pass, refuse_zero_grad
-from trainrun.torch.mpi_ops import (Adasum, Average, allreduce_async_, grouped_allreduce_async_,
+from trainrun.torch.mpi_ops import (Adasum, Average, grouped_allreduce_async_,
                                     sparse_allreduce_async)
 
+# Gradients final in backward start in batches of this many bytes (the rest in synchronize), not one by
+# one: each start is a Python call into the engine and a wake-up of its thread, which on a CPU costs more
+# than the overlap it buys (a 100-tensor, 800 KiB model on 2 cores: 1.9x -> 1.6x of a step without
+# communication; docs/benchmarks/allreduce.md). 25 MiB is torch DDP's bucket size: large models still
+# overlap communication with backward.
+BATCH_BYTES = 25 << 20
 _SPARSE = object()  # the ctx of a sparse gradient's handle (sparse_allreduce_async, sparse_as_dense=False)
 
 
@@ -68,9 +78,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._groups = self._make_groups(groups)
-        self._group_of = {p: g for g in self._groups for p in g}
-        self._group_names = {g: "grouped." + ".".join(sorted(self._parameter_names[p] for p in g)) for g in self._groups}
-        self._group_ready: dict = {}
+        # group state is keyed by the group's index: a tuple of tensors hashes each member (Python-level
+        # Tensor.__hash__), which per hook made a step quadratic in the group's size
+        self._group_of = {p: i for i, g in enumerate(self._groups) for p in g}
+        self._group_names = ["grouped." + ".".join(sorted(self._parameter_names[p] for p in g)) for g in self._groups]
+        self._group_ready: dict[int, set] = {}  # group index -> members whose gradients are final
+        self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
+        self._batch_bytes = 0
         if self._set_size > 1:
             self._register_hooks()
 
@@ -100,26 +114,47 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _allreduce_grad_async(self, p):
-        if p.grad is None:  # a parameter that took no part in this step's loss
-            p.grad = p.data.new(p.size()).zero_()
-        grad = p.grad
-        if grad.is_sparse:
-            if not self.sparse_as_dense:  # Horovod's way: allgather of indices and values
-                return sparse_allreduce_async(grad, name=self._parameter_names.get(p), op=self.op,
-                                              process_set=self._process_set), _SPARSE
-            grad = grad.to_dense()  # reduced dense, then written back as p.grad (see synchronize)
-        compressed, ctx = self._compression.compress(grad)
+    def _start(self, params: list, wake: bool = True) -> None:
+        """Start the reductions of `params` (gradients final, none in a group still forming): the dense
+        gradients as one batch (allreduce_async_each_: each its own allreduce under its parameter's
+        name, as in Horovod, announced to the engine together), a sparse one on its own
+        (sparse_as_dense=False: Horovod's allgather of indices and values). Handles go to _handles."""
+        dense, pairs = [], []
+        for p in params:
+            if p.grad is None:  # a parameter that took no part in this step's loss
+                p.grad = p.data.new(p.size()).zero_()
+            grad = p.grad
+            if grad.is_sparse:
+                if not self.sparse_as_dense:
+                    self._handles[p] = (sparse_allreduce_async(grad, name=self._parameter_names.get(p), op=self.op,
+                                                               process_set=self._process_set), _SPARSE)
+                    continue
+                grad = grad.to_dense()  # reduced dense, then written back as p.grad (see synchronize)
+            dense.append(p)
+            pairs.append(self._compression.compress(grad))
+        if not dense:
+            return
+        eng = state.engine(self._process_set)
         pre, post = self._scales()
-        handle = allreduce_async_(compressed, name=self._parameter_names.get(p), op=self.op,
-                                  prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
-        return handle, (compressed, ctx)
+        names, op, reqs, kept = self._parameter_names, self.op, [], []
+        for p, (compressed, cctx) in zip(dense, pairs):
+            (req,), finalize = build.allreduce(eng, compressed, names.get(p), op, pre, post, True)
+            reqs.append(req)
+            kept.append((req.handle, (compressed, cctx, finalize)))
+        eng.submit(reqs, wake=wake)  # (raises before any handle is kept: nothing then waits on them)
+        self._handles.update(zip(dense, kept))
 
-    def _start_group(self, group: tuple) -> None:
-        """Start the reduction of `group` (every member's gradient final): one grouped allreduce of
+    def _flush(self) -> None:
+        """Start the batch of final gradients the hooks collected."""
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        self._start(batch)
+
+    def _start_group(self, index: int) -> None:
+        """Start the reduction of group `index` (every member's gradient final): one grouped allreduce of
         its dense gradients, under the group's name; a sparse gradient (sparse_as_dense=False) goes
         on its own, as Horovod reduces sparse gradients (sparse_allreduce_async). Handles are kept
         under the reduced members (a tuple for the grouped part)."""
+        group = self._groups[index]
         dense = []
         for p in group:
             if p.grad is None:
@@ -131,7 +166,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 dense.append(p)
         if dense:
             key = group if len(dense) == len(group) else tuple(dense)
-            self._handles[key] = self._grouped_allreduce_grad_async(key, self._group_names[group])
+            self._handles[key] = self._grouped_allreduce_grad_async(key, self._group_names[index])
 
     def _grouped_allreduce_grad_async(self, params: tuple, name: str):
         pairs = []
@@ -145,21 +180,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook(*_):
             assert not p.grad.requires_grad
-            handle, ctx = None, None
-            if count_pass(self._handles, self._allreduce_delay, p):
-                group = self._group_of.get(p)
-                if group is None:
-                    handle, ctx = self._allreduce_grad_async(p)
+            if not count_pass(self._allreduce_delay, p):
+                self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
+                return
+            index = self._group_of.get(p)
+            if index is not None:
+                ready = self._group_ready.setdefault(index, set())
+                ready.add(p)
+                group = self._groups[index]
+                if len(ready) == len(group):
+                    del self._group_ready[index]
+                    for q in group:
+                        self._handles.pop(q, None)
+                    self._start_group(index)
                 else:
-                    ready = self._group_ready.setdefault(group, set())
-                    ready.add(p)
-                    if len(ready) == len(group):
-                        del self._group_ready[group]
-                        for q in group:
-                            self._handles.pop(q, None)
-                        self._start_group(group)
-                        return
-            self._handles[p] = (handle, ctx)
+                    self._handles[p] = (None, None)
+                return
+            self._handles[p] = (None, None)
+            if p.grad.is_sparse:
+                self._start([p])
+                return
+            # batched: a Python call per gradient costs more than the overlap it buys on a CPU; a batch
+            # still starts during backward once it holds BATCH_BYTES
+            self._batch.append(p)
+            self._batch_bytes += p.grad.nbytes
+            if self._batch_bytes >= BATCH_BYTES:
+                self._flush()
         return hook
 
     def synchronize(self):
@@ -171,36 +217,46 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         done = set()
         for key in self._handles:
             done.update(key if isinstance(key, tuple) else (key,))
-        started = set()
+        started, missing = set(), []
         for p in self._requires_update - done:
-            group = self._group_of.get(p)
-            if group is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-            elif group not in started:
-                started.add(group)
-                self._group_ready.pop(group, None)
-                for q in group:  # members whose hooks fired wait as (None, None): reduce them once, here
+            index = self._group_of.get(p)
+            if index is None:
+                missing.append(p)
+            elif index not in started:
+                started.add(index)
+                self._group_ready.pop(index, None)
+                for q in self._groups[index]:  # members whose hooks fired wait as (None, None): reduce them once, here
                     self._handles.pop(q, None)
-                self._start_group(group)
-                done.update(group)
-        for key, (handle, ctx) in list(self._handles.items()):
-            if handle is None:
-                self._handles[key] = self._allreduce_grad_async(key)
-        state.synchronize_all([handle for handle, ctx in self._handles.values() if ctx is not _SPARSE])
-        for key, (handle, ctx) in self._handles.items():
+                self._start_group(index)
+        self._batch, self._batch_bytes = [], 0
+        # (synchronize_all below drives them in this thread: no hand-off to the engine's)
+        self._start([key for key, (handle, _) in self._handles.items() if handle is None] + missing, wake=False)
+        handles = self._handles
+        # the batches' engine handles (_start) are waited for directly; groups' ints in the handle table
+        waiting = [h for h, _ in handles.values() if h.__class__ is Handle]
+        if waiting:
+            state.engine(self._process_set).wait_all(waiting)
+        state.synchronize_all([h for h, ctx in handles.values() if h.__class__ is not Handle and ctx is not _SPARSE])
+        decompress = self._compression.decompress
+        for key, (handle, ctx) in handles.items():
             if ctx is _SPARSE:  # its result is the reduced sparse gradient
-                self._allreduce_delay[key] = self.backward_passes_per_step
                 key.grad = state.synchronize(handle)
                 continue
-            params, pairs = (key, ctx) if isinstance(key, tuple) else ((key,), [ctx])
+            if handle.__class__ is Handle:
+                compressed, cctx, finalize = ctx
+                finalize(None)  # (an in-place op on a copy writes it back)
+                params, pairs = (key,), ((compressed, cctx),)
+            else:
+                params, pairs = key if isinstance(key, tuple) else (key,), ctx
             for p, (compressed, cctx) in zip(params, pairs):
-                self._allreduce_delay[p] = self.backward_passes_per_step
-                grad = self._compression.decompress(compressed, cctx)
+                grad = decompress(compressed, cctx)
                 if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
                     p.grad = grad
                 elif grad is not p.grad:
                     with torch.no_grad():
                         p.grad.copy_(grad)
+        # every parameter was reduced: all count passes afresh (fromkeys of a dict reuses its hashes)
+        self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
         self._handles.clear()
         self._synchronized = True
 

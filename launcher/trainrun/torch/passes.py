@@ -3,14 +3,13 @@ backward_passes_per_step, and Horovod's rule against zero_grad() while reduction
 from __future__ import annotations
 
 
-def count_pass(handles: dict, delay: dict, p) -> bool:
+def count_pass(delay: dict, p) -> bool:
     """One backward pass of parameter p (its gradient hook): True when it was the last of
-    backward_passes_per_step (`delay[p]` counts down), AssertionError (Horovod's) when passes exceed it
-    before step()."""
-    if p in handles and handles[p][0] is not None and delay[p] <= 0:
+    backward_passes_per_step (`delay[p]` counts down; step() or synchronize() resets it), Horovod's
+    AssertionError when passes exceed it before then."""
+    if delay[p] <= 0:
         raise AssertionError("Gradients were computed more than backward_passes_per_step times before call "
                              "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
-    assert delay[p] > 0
     delay[p] -= 1
     return delay[p] == 0
 

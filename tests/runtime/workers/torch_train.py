@@ -95,6 +95,55 @@ def groups():
 
 
 @case
+def gradient_batches():
+    """Gradients start in batches (optimizer.BATCH_BYTES), each still its own named allreduce: none
+    during backward for a small model (one submit of all in synchronize), one submit per gradient with
+    1-byte batches, and the same training result either way."""
+    from trainrun.runtime import state
+    from trainrun.torch import optimizer
+
+    eng = state.engine(None)
+    submits = []
+    real_submit = eng.submit
+
+    def counting(reqs, **kw):
+        submits.append(sorted(r.name for r in reqs))
+        return real_submit(reqs, **kw)
+
+    eng.submit = counting
+    try:
+        model = cnn()
+        names = sorted(n for n, _ in model.named_parameters())
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+        loss_of(model, *batch(0, hvd.rank())).backward()
+        assert submits == [], f"allreduces started during backward of a small model: {submits}"
+        opt.step()
+        assert submits == [names], submits
+        try:
+            loss_of(model, *batch(1, hvd.rank())).backward()
+            loss_of(model, *batch(1, hvd.rank())).backward()  # a second pass before step(), with batches pending
+        except AssertionError as e:
+            assert "backward_passes_per_step" in str(e), e
+        else:
+            raise AssertionError("a second backward pass before step() did not raise")
+        opt.synchronize()
+        opt.zero_grad()
+
+        submits.clear()
+        saved = optimizer.BATCH_BYTES
+        optimizer.BATCH_BYTES = 1
+        try:
+            model, ref = train()
+        finally:
+            optimizer.BATCH_BYTES = saved
+        assert len(submits) == STEPS * len(names) and all(len(s) == 1 for s in submits), submits
+    finally:
+        eng.submit = real_submit
+    assert_identical_across_ranks(model)
+    torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+
+@case
 def unused_parameter_in_group():
     torch.manual_seed(0)
     used, unused = nn.Linear(4, 3), nn.Linear(4, 3)
