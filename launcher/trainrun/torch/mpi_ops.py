@@ -46,8 +46,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     eng = state.engine(process_set)
     if tensor.__class__ is torch.Tensor and tensor.is_cpu and not tensor.requires_grad \
             and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
-        # a gradient (DistributedOptimizer's hooks: one per parameter per step), in fewer steps; the
-        # handle's finalize holds the tensor until synchronize, which the view from its address needs
+        # the usual async op (a CPU tensor in a custom loop's hook), in fewer steps; the handle's
+        # finalize holds the tensor until synchronize, which the view from its address needs
         a, dtype = build.flat_view(tensor)
         named = name.__class__ is str
         req = rq.allreduce(a, a, tuple(tensor.shape), dtype,
@@ -68,8 +68,6 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
         api.allreduce_into(eng, None, a, tuple(tensor.shape), dtype, name, op, prescale_factor, postscale_factor)
         return tensor
     return api.run(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
-
-
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,

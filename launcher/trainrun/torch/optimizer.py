@@ -116,9 +116,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, params: list, wake: bool = True) -> None:
         """Start the reductions of `params` (gradients final, none in a group still forming): the dense
-        gradients as one batch (allreduce_async_each_: each its own allreduce under its parameter's
-        name, as in Horovod, announced to the engine together), a sparse one on its own
-        (sparse_as_dense=False: Horovod's allgather of indices and values). Handles go to _handles."""
+        gradients as one batch -- each its own in-place allreduce under its parameter's name, as in
+        Horovod, announced to the engine in one submit (`wake=False`: the caller synchronizes next and
+        drives them) -- a sparse one on its own (sparse_as_dense=False: Horovod's allgather of indices
+        and values). Their engine handles, with what synchronize needs, go to _handles."""
         dense, pairs = [], []
         for p in params:
             if p.grad is None:  # a parameter that took no part in this step's loss
