@@ -230,7 +230,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._handles.pop(q, None)
                 self._start_group(index)
         self._batch, self._batch_bytes = [], 0
-        # (synchronize_all below drives them in this thread: no hand-off to the engine's)
+        # (wait_all below drives them in this thread: no hand-off to the engine's)
         self._start([key for key, (handle, _) in self._handles.items() if handle is None] + missing, wake=False)
         handles = self._handles
         # the batches' engine handles (_start) are waited for directly; groups' ints in the handle table
@@ -247,8 +247,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 compressed, cctx, finalize = ctx
                 finalize(None)  # (an in-place op on a copy writes it back)
                 params, pairs = (key,), ((compressed, cctx),)
-            else:
-                params, pairs = key if isinstance(key, tuple) else (key,), ctx
+            else:  # a group (_start_group): a tuple of parameters and their (compressed, ctx) pairs
+                params, pairs = key, ctx
             for p, (compressed, cctx) in zip(params, pairs):
                 grad = decompress(compressed, cctx)
                 if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
