@@ -181,8 +181,6 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
     return [req], (lambda _: outs)
 
 
-
-
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=None) -> list:
     eng = state.engine(process_set)

@@ -43,19 +43,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set) -> int:
     op = handle_average_backwards_compatibility(op, average)
-    eng = state.engine(process_set)
-    if tensor.__class__ is torch.Tensor and tensor.is_cpu and not tensor.requires_grad \
-            and tensor.dtype is not torch.bfloat16 and tensor.is_contiguous() and op != Adasum:
-        # the usual async op (a CPU tensor in a custom loop's hook), in fewer steps; the handle's
-        # finalize holds the tensor until synchronize, which the view from its address needs
-        a, dtype = build.flat_view(tensor)
-        named = name.__class__ is str
-        req = rq.allreduce(a, a, tuple(tensor.shape), dtype,
-                           name if named else rq.auto_name("allreduce", name, eng.set_id),
-                           op, prescale_factor, postscale_factor)
-        eng.submit([req])
-        return state.add_handle([req.handle], lambda _: tensor, eng, None if named else api.hold([req]))
-    return api.submit(build.allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, True), eng)
+    return _submit(build.allreduce, process_set, tensor, name, op, prescale_factor, postscale_factor, True)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
