@@ -80,3 +80,49 @@ def test_tf_config_lists_every_worker_and_this_ranks_index():
     workers = tf_workers(a, {"localhost": here, "127.0.0.1": here}, {"localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1"})
     assert len(set(workers)) == 4  # two entries for one machine: no port twice
     assert workers[:2] == ("127.0.0.1:4001", "127.0.0.1:4002") and workers[2:] == ("127.0.0.1:4003", "127.0.0.1:4004")
+
+
+def test_allow_gpu_sharing_sends_cuda_collectives_through_mpi():
+    """--allow-gpu-sharing with two ranks on one GPU sets TRAINRUN_GPU_OPERATIONS=mpi for every rank (NCCL
+    refuses two ranks on one GPU), unless the user chose; a job whose ranks each have a GPU gets nothing."""
+    from types import SimpleNamespace
+
+    from trainrun.plan.planner import gpu_operations
+    shared = assign_ranks([HostSpec("a", 2)], 2, gpu_pools={"a": (0,)}, allow_gpu_sharing=True)
+    own = assign_ranks([HostSpec("a", 2)], 2, gpu_pools={"a": (0, 1)})
+    flag = SimpleNamespace(allow_gpu_sharing=True)
+    assert gpu_operations(flag, shared, {}) == "mpi"
+    assert gpu_operations(flag, shared, {"TRAINRUN_GPU_OPERATIONS": "nccl"}) == ""
+    assert gpu_operations(flag, shared, {"HOROVOD_GPU_OPERATIONS": "nccl"}) == ""
+    assert gpu_operations(flag, own, {}) == ""
+    assert gpu_operations(SimpleNamespace(allow_gpu_sharing=False), shared, {}) == ""
+    job = JobInfo("j", "x", 1, gpu_operations="mpi")
+    assert all(rank_env(a, job)["TRAINRUN_GPU_OPERATIONS"] == "mpi" for a in shared)
+    assert "TRAINRUN_GPU_OPERATIONS" not in rank_env(shared[0], JOB)
+    assert JobInfo.from_arg(job.to_arg()) == job  # the Open MPI rank shim's copy keeps it
+
+
+def test_nccl_shared_gpu_groups():
+    from trainrun.runtime.backends.nccl import shared_gpus
+    assert shared_gpus([("a", "GPU-1"), ("a", "GPU-2"), ("b", "GPU-1")]) == []
+    assert shared_gpus([("a", "GPU-1"), ("b", "GPU-1"), ("a", "GPU-1")]) == [(0, 2)]
+
+
+def test_check_gpu_summary_and_shortage():
+    """--check shows each host's GPU model, memory and driver; too few GPUs is a problem only when
+    --gpus-per-proc asked for them (else a warning)."""
+    from trainrun.check.report import HostCheck, evaluate, gpu_summary
+    from trainrun.facts.model import HostFacts
+    from trainrun import __version__
+    f = HostFacts("h", 16, "python3", __version__, gpus=(0,), gpu_models=("NVIDIA H100 80GB HBM3",),
+                  gpu_memory_mib=(81559,), cuda_driver="580.159.04", mpi="MPICH", vendor="MPICH")
+    assert gpu_summary(f) == "1 x NVIDIA H100 80GB HBM3 (81559 MiB, driver 580.159.04)"
+    assert gpu_summary(HostFacts("h", 2, "p", __version__)) == "0"
+    assert HostFacts.from_json(json.loads(json.dumps(f.to_json()))) == f
+    hosts = [HostCheck("h", 2, facts=f, via="local")]
+    kw = dict(need_nic=False, allow_gpu_sharing=False, mpi=True)
+    problems, warnings = evaluate(hosts, [], {"h": 2}, gpus_per_proc=None, **kw)
+    assert problems == [] and "2 local ranks share 1 GPU(s)" in warnings[0]
+    problems, _ = evaluate(hosts, [], {"h": 2}, gpus_per_proc=1, **kw)
+    assert "2 GPU(s) needed" in problems[0]
+    assert evaluate(hosts, [], {"h": 2}, gpus_per_proc=1, **{**kw, "allow_gpu_sharing": True}) == ([], [])

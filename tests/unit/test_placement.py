@@ -64,3 +64,18 @@ def test_gpu_oversharing_is_an_error():
 def test_assign_gpus_per_host():
     a = assign_ranks([H("a", 2), H("b", 1)], 3, gpu_pools={"a": (0, 1), "b": (3,)})
     assert [x.gpus for x in a] == [(0,), (1,), (3,)]
+
+
+def test_gpu_shortage_without_gpus_per_proc_shares_round_robin():
+    """A job that does not ask for GPUs (a CPU job on a GPU host) is not refused: ranks share the GPUs."""
+    assert [gpus_for(r, 3, (0, 1), 1, False, "h", isolate=False) for r in range(3)] == [(0,), (1,), (0,)]
+    with pytest.raises(UsageError, match="--allow-gpu-sharing"):
+        gpus_for(2, 3, (0, 1), 1, False, "h", isolate=True)
+
+
+def test_shares_gpus():
+    from trainrun.plan.placement import shares_gpus
+    one_each = assign_ranks([H("a", 2), H("b", 2)], 4, gpu_pools={"a": (0, 1), "b": (0, 1)})
+    assert not shares_gpus(one_each)  # the same id on two hosts is two GPUs
+    shared = assign_ranks([H("a", 2)], 2, gpu_pools={"a": (0,)}, allow_gpu_sharing=True)
+    assert [x.gpus for x in shared] == [(0,), (0,)] and shares_gpus(shared)

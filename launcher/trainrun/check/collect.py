@@ -150,7 +150,7 @@ def run_check(cfg) -> CheckReport:
             nic_names = pinned
         local = {h.name: c for h, c in zip(shape.hosts, shape.counts)}
         more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not cfg.network_interface,
-                                  allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc or 1,
+                                  allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc,
                                   mpi=cfg.mpi != "none")
         problems += more
         ranks = []

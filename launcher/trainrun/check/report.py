@@ -58,7 +58,7 @@ class CheckReport:
 
 
 def evaluate(hosts: list[HostCheck], nics: list[str], local_ranks: dict[str, int], *, need_nic: bool,
-             allow_gpu_sharing: bool, gpus_per_proc: int, mpi: bool) -> tuple[list[str], list[str]]:
+             allow_gpu_sharing: bool, gpus_per_proc: int | None, mpi: bool) -> tuple[list[str], list[str]]:
     """Problems (the job cannot run) and warnings (it can, but look) from the collected facts. Pure."""
     problems, warnings = [], []
     for h in hosts:
@@ -70,9 +70,13 @@ def evaluate(hosts: list[HostCheck], nics: list[str], local_ranks: dict[str, int
         if f.trainrun != __version__:
             problems.append(f"{h.host}: trainrun {f.trainrun} there, {__version__} here; install the same version on every host")
         gpus = len(f.gpus)
-        need = local_ranks.get(h.host, 0) * gpus_per_proc
+        need = local_ranks.get(h.host, 0) * (gpus_per_proc or 1)
         if gpus and need > gpus and not allow_gpu_sharing:
-            problems.append(f"{h.host}: {need} GPU(s) needed for its local ranks but it has {gpus}; lower -np or pass --allow-gpu-sharing")
+            if gpus_per_proc:
+                problems.append(f"{h.host}: {need} GPU(s) needed for its local ranks but it has {gpus}; lower -np or pass --allow-gpu-sharing")
+            else:
+                warnings.append(f"{h.host}: {need} local ranks share {gpus} GPU(s); CUDA collectives then need "
+                                "--allow-gpu-sharing (through host memory: NCCL needs one GPU per rank)")
         if mpi and not f.mpi:
             problems.append(f"{h.host}: no usable MPI ({f.mpi_error or 'mpi4py missing'}); pip install mpi4py mpich, or pass --mpi none")
     pythons = {h.facts.python_version.rsplit(".", 1)[0] for h in reached}
@@ -86,13 +90,22 @@ def evaluate(hosts: list[HostCheck], nics: list[str], local_ranks: dict[str, int
     return problems, warnings
 
 
+def gpu_summary(f) -> str:
+    """"1 x NVIDIA H100 80GB HBM3 (81559 MiB, driver 580.159.04)", or the count alone ("0")."""
+    if not f.gpu_models:
+        return str(len(f.gpus))
+    details = [f"{f.gpu_memory_mib[0]} MiB"] if f.gpu_memory_mib else []
+    details += [f"driver {f.cuda_driver}"] if f.cuda_driver else []
+    return f"{len(f.gpus)} x {f.gpu_models[0]}" + (f" ({', '.join(details)})" if details else "")
+
+
 def render_report(r: CheckReport, color: bool = False) -> str:
     out = [f"Hosts ({r.source})" if r.source else "Hosts"]
     rows = []
     for h in r.hosts:
         f = h.facts
         if h.ok:
-            gpus = f"{len(f.gpus)}" + (f" x {f.gpu_models[0]}" if f.gpu_models else "")
+            gpus = gpu_summary(f)
             rows.append((h.host, "local" if h.via == "local" else "ok", f.hostname, f.distro or f.os, f.python_version,
                          f.trainrun, f.vendor or "none", f.cpus, gpus, h.slots))
         else:

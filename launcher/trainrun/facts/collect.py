@@ -69,10 +69,11 @@ def check_facts() -> HostFacts:
     from trainrun.facts.gpus import query_nvidia_smi
     from trainrun.net.nics import local_nics
 
+    gpus = query_nvidia_smi()
     return replace(
         launch_facts(), nics=tuple(local_nics()), os=f"{platform.system()} {platform.release()}", distro=_distro(),
-        python_version=platform.python_version(), gpu_models=tuple(g.name for g in query_nvidia_smi()),
-        **mpi_facts(), **version_facts(),
+        python_version=platform.python_version(), gpu_models=tuple(g.name for g in gpus),
+        gpu_memory_mib=tuple(g.memory_mib for g in gpus), **mpi_facts(), **version_facts(),
     )
 
 

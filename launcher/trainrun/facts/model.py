@@ -65,6 +65,7 @@ class HostFacts:
     distro: str = ""
     python_version: str = ""
     gpu_models: tuple[str, ...] = ()
+    gpu_memory_mib: tuple[int, ...] = ()  # each GPU's memory, as nvidia-smi reports it
     mpi4py: str | None = None
     mpi: str | None = None           # MPI library version line, None when none is usable
     vendor: str | None = None
@@ -88,6 +89,7 @@ class HostFacts:
         doc = asdict(self)
         doc["nics"] = [n.to_json() for n in self.nics]
         doc["gpus"], doc["gpu_models"] = list(self.gpus), list(self.gpu_models)
+        doc["gpu_memory_mib"] = list(self.gpu_memory_mib)
         doc["worker_ports"] = list(self.worker_ports)
         return doc
 
@@ -100,6 +102,7 @@ class HostFacts:
         kw["gpus"] = tuple(d.get("gpus", ()))
         kw["worker_ports"] = tuple(d.get("worker_ports", ()))
         kw["gpu_models"] = tuple(d.get("gpu_models", ()))
+        kw["gpu_memory_mib"] = tuple(d.get("gpu_memory_mib", ()))
         return cls(**kw)
 
 

@@ -23,20 +23,21 @@ class JobInfo:
     isolate_gpus: bool = False
     slurm: bool = False  # inside a Slurm allocation: also Slurm's own rank variables (see rank_env)
     tf_workers: tuple[str, ...] = ()  # "address:port" per rank: TF_CONFIG for tf.distribute's multi-worker strategies
+    gpu_operations: str = ""  # TRAINRUN_GPU_OPERATIONS for every rank ("mpi" when --allow-gpu-sharing shares GPUs)
 
     def to_arg(self) -> str:
         """One command-line word (JSON) that from_arg reads back (the Open MPI rank shim gets it)."""
         import json
 
         return json.dumps([self.job_id, self.master_addr, self.master_port, list(self.nics), self.isolate_gpus,
-                           self.slurm], separators=(",", ":"))
+                           self.slurm, self.gpu_operations], separators=(",", ":"))
 
     @classmethod
     def from_arg(cls, text: str) -> JobInfo:
         import json
 
-        job_id, addr, port, nics, isolate, slurm = json.loads(text)
-        return cls(job_id, addr, int(port), tuple(nics), bool(isolate), bool(slurm))
+        job_id, addr, port, nics, isolate, slurm, gpu_operations = json.loads(text)
+        return cls(job_id, addr, int(port), tuple(nics), bool(isolate), bool(slurm), gpu_operations=gpu_operations)
 
 
 def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
@@ -63,6 +64,8 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
         env["TRAINRUN_GPUS"] = ",".join(map(str, a.gpus))
         if job.isolate_gpus:
             env["CUDA_VISIBLE_DEVICES"] = env["TRAINRUN_GPUS"]
+    if job.gpu_operations:
+        env["TRAINRUN_GPU_OPERATIONS"] = job.gpu_operations
     if job.slurm:
         # Programs that read Slurm's variables (Lightning, submitit, hand-written srun scripts) see the same world
         # as the contract, not the one-task step an agent runs in or the launcher's allocation.

@@ -60,12 +60,16 @@ def cross_coords(counts: list[int], node_rank: int, local_rank: int) -> tuple[in
     return holders.index(node_rank), len(holders)
 
 
-def gpus_for(local_rank: int, local_size: int, pool: tuple[int, ...], per_proc: int, allow_sharing: bool, host: str) -> tuple[int, ...]:
-    """The GPU indices given to one local rank from its host's pool (empty pool: none)."""
+def gpus_for(local_rank: int, local_size: int, pool: tuple[int, ...], per_proc: int, allow_sharing: bool, host: str,
+             isolate: bool = True) -> tuple[int, ...]:
+    """The GPU indices given to one local rank from its host's pool (empty pool: none), round robin when
+    there are fewer than the local ranks need. That is an error only for `isolate` (--gpus-per-proc:
+    GPUs were asked for) without `allow_sharing`: a job that does not ask for GPUs (a CPU job on a GPU
+    host) still runs, its ranks sharing the GPUs they are named."""
     if not pool:
         return ()
     need = local_size * per_proc
-    if need > len(pool) and not allow_sharing:
+    if need > len(pool) and isolate and not allow_sharing:
         raise UsageError(
             f"host {host}: {local_size} local rank(s) x {per_proc} GPU(s) need {need} GPUs but it has {len(pool)}; "
             "lower -np or --gpus-per-proc, or pass --allow-gpu-sharing"
@@ -82,8 +86,10 @@ def assign_ranks(
     gpu_pools: dict[str, tuple[int, ...]] | None = None,
     gpus_per_proc: int = 1,
     allow_gpu_sharing: bool = False,
+    isolate_gpus: bool = True,
 ) -> list[RankAssignment]:
-    """Place `np` ranks on `hosts`. Hosts that get no rank are not part of the job."""
+    """Place `np` ranks on `hosts`. Hosts that get no rank are not part of the job. `isolate_gpus`: the
+    job asked for GPUs (--gpus-per-proc), so too few of them is an error without `allow_gpu_sharing`."""
     counts = ranks_per_host(hosts, np, oversubscribe)
     used = [(h, c) for h, c in zip(hosts, counts) if c]
     gpu_pools = gpu_pools or {}
@@ -103,8 +109,20 @@ def assign_ranks(
                     cross_size=cross_size,
                     node_rank=node_rank,
                     nnodes=len(used),
-                    gpus=gpus_for(local_rank, count, pool, gpus_per_proc, allow_gpu_sharing, host.name),
+                    gpus=gpus_for(local_rank, count, pool, gpus_per_proc, allow_gpu_sharing, host.name,
+                                  isolate_gpus),
                 )
             )
             rank += 1
     return out
+
+
+def shares_gpus(assignments: list[RankAssignment]) -> bool:
+    """Whether two ranks of one host were given the same GPU."""
+    seen = set()
+    for a in assignments:
+        for g in a.gpus:
+            if (a.host.name, g) in seen:
+                return True
+            seen.add((a.host.name, g))
+    return False

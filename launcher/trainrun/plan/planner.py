@@ -15,7 +15,7 @@ from typing import Mapping
 from trainrun.facts.model import NO_FACTS, HostFacts
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec, parse_exclude
-from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host
+from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host, shares_gpus
 from trainrun.plan.program import command_argv
 from trainrun.plan.spec import LaunchPlan, build_plan
 
@@ -60,11 +60,12 @@ def shape_job(cfg, hosts: list[HostSpec], default_np: int | None = None) -> JobS
 def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
     """Every rank's place; hosts without facts (a dry run's remote hosts) get no GPUs, and GPUs that --exclude
     names (`host:gpu`) are left out of their host's pool. Raises UsageError
-    when a host has fewer GPUs than its local ranks need (without --allow-gpu-sharing)."""
+    when --gpus-per-proc asks a host for more GPUs than it has (without --allow-gpu-sharing)."""
     excl = parse_exclude(getattr(cfg, "exclude", None))
     pools = {h.name: tuple(g for g in facts.get(h.name, NO_FACTS).gpus if g not in excl.gpus_of(h.name)) for h in shape.hosts}
     return assign_ranks(list(shape.hosts), shape.np, oversubscribe=cfg.oversubscribe, gpu_pools=pools,
-                        gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing)
+                        gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing,
+                        isolate_gpus=cfg.gpus_per_proc is not None)
 
 
 def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
@@ -79,9 +80,17 @@ def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr:
     addresses = addresses or {h.name: master_addr if i == 0 else h.name for i, h in enumerate(shape.used)}
     job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
                   nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm,
-                  tf_workers=tf_workers(assignments, facts, addresses))
+                  tf_workers=tf_workers(assignments, facts, addresses),
+                  gpu_operations=gpu_operations(cfg, assignments, environ))
     argv = command_argv(cfg.command, cfg.python or sys.executable)
     return build_plan(assignments, job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ), cfg.bind_to)
+
+
+def gpu_operations(cfg, assignments: list[RankAssignment], environ: Mapping[str, str]) -> str:
+    """"mpi" when --allow-gpu-sharing put two ranks on one GPU (NCCL refuses that; the MPI path stages CUDA
+    tensors through host memory), unless the user chose with TRAINRUN_/HOROVOD_GPU_OPERATIONS; else ""."""
+    chosen = "TRAINRUN_GPU_OPERATIONS" in environ or "HOROVOD_GPU_OPERATIONS" in environ
+    return "mpi" if cfg.allow_gpu_sharing and not chosen and shares_gpus(assignments) else ""
 
 
 def tf_workers(assignments: list[RankAssignment], facts: Mapping[str, HostFacts], addresses: Mapping[str, str]) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ started when its last member's gradient is ready.
 """
 from __future__ import annotations
 
+import os
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -85,7 +86,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_ready: dict[int, set] = {}  # group index -> members whose gradients are final
         self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
         self._batch_bytes = 0
-        if self._set_size > 1:
+        # as Horovod: one rank has nothing to average, unless the job is elastic (it may grow; also how
+        # scripts/bench_gpu.py measures the GPU path on one GPU)
+        self._reduces = self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
+                                                      os.environ.get("HOROVOD_ELASTIC"))
+        if self._reduces:
             self._register_hooks()
 
     def _make_groups(self, groups) -> list[tuple]:
@@ -212,7 +217,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hooks did not fire) and write the
         averaged gradients into p.grad."""
-        if self._set_size == 1:
+        if not self._reduces:
             self._synchronized = True
             return
         done = set()

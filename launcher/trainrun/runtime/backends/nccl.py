@@ -1,13 +1,16 @@
 """NCCL backend for CUDA tensors: ctypes over libnccl.so.2, device memory held by torch.
 
-Not exercised on CPU-only machines (tests skip with "no GPU"); written against nccl.h (2.x).
+Tested on a GPU machine by tests/runtime/test_gpu.py (CPU-only machines skip it with "no GPU").
 
-- The library is found as `libnccl.so.2` on the loader path, else in the nvidia-nccl-cu* wheel
-  (`nvidia/nccl/lib/`), else next to torch's libraries; `available()` never raises.
+- The library is found as `libnccl.so.2` on the loader path (or already loaded by torch), else in an
+  nvidia-nccl-cu* wheel (`nvidia/nccl/lib/`, `nvidia/cu*/lib/`), else next to torch's libraries;
+  `available()` never raises.
 - `NcclCollectives` is created by the engine when it runs its first CUDA response, on every rank at
   the same point of the agreed order: rank 0 makes the unique id, MPI broadcasts it over the data
   communicator, every rank calls ncclCommInitRank on the device of its first CUDA tensor (one GPU
-  per rank: pin it with torch.cuda.set_device(local_rank), as Horovod scripts do).
+  per rank: pin it with torch.cuda.set_device(local_rank), as Horovod scripts do). NCCL refuses two
+  ranks on one GPU; the ranks first compare their (host, GPU) so that case is a clear error naming
+  them and the fix, not NCCL's "invalid usage".
 - Work runs on a private stream that first waits for each request's `ready` event (recorded on the
   producer's stream at submit); the engine thread then waits for the stream, so a completed handle
   means the output is written. Data movement uses byte counts (any dtype); reductions use NCCL's
@@ -35,12 +38,11 @@ class _UniqueId(ctypes.Structure):
 
 def _candidates():
     yield "libnccl.so.2"
-    try:
-        import nvidia.nccl
-        for base in nvidia.nccl.__path__:
-            yield os.path.join(base, "lib", "libnccl.so.2")
-    except ImportError:
-        pass
+    import glob
+    import sys
+    for entry in sys.path:  # the wheels' layouts: nvidia/nccl/lib (CUDA 12), nvidia/cu13/lib (CUDA 13)
+        for pattern in ("nvidia/nccl/lib/libnccl.so.2", "nvidia/cu*/lib/libnccl.so.2"):
+            yield from sorted(glob.glob(os.path.join(entry or ".", pattern)))
     try:
         import importlib.util
         spec = importlib.util.find_spec("torch")
@@ -73,6 +75,7 @@ def _lib():
         "ncclRecv": [p, sz, i, i, comm, p],
         "ncclGroupStart": [],
         "ncclGroupEnd": [],
+        "ncclGetVersion": [ctypes.POINTER(ctypes.c_int)],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -84,6 +87,27 @@ def _lib():
 def available() -> bool:
     """True when libnccl.so.2 can be loaded (a GPU is still needed to use it)."""
     return _lib() is not None
+
+
+def version() -> str | None:
+    """The loaded library's version ("2.27.7"), or None when it does not load."""
+    lib = _lib()
+    if lib is None:
+        return None
+    v = ctypes.c_int()
+    if lib.ncclGetVersion(ctypes.byref(v)) != 0:
+        return None
+    code = v.value  # NCCL_VERSION(X,Y,Z): X*10000+Y*100+Z since 2.9 (X*1000+Y*100+Z before)
+    major, rest = (code // 10000, code % 10000) if code >= 20900 else (code // 1000, code % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
+def shared_gpus(places: list[tuple[str, str]]) -> list[tuple[int, ...]]:
+    """Groups of ranks (indices into `places`, each rank's (host, GPU id)) that sit on one GPU. Pure."""
+    by_place: dict = {}
+    for rank, place in enumerate(places):
+        by_place.setdefault(tuple(place), []).append(rank)
+    return [tuple(ranks) for ranks in by_place.values() if len(ranks) > 1]
 
 
 def gpu_operations() -> str:
@@ -111,6 +135,7 @@ class NcclCollectives:
             raise RuntimeError("a CUDA tensor needs NCCL, but libnccl.so.2 was not found")
         self.torch, self.lib, self.rank, self.size = torch, lib, rank, size
         self.device = torch.device(device)
+        self._refuse_shared_gpus(mpi_comm)
         uid = _UniqueId()
         if rank == 0:
             self._check(lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
@@ -122,6 +147,23 @@ class NcclCollectives:
             self._check(lib.ncclCommInitRank(ctypes.byref(self.comm), size, uid, rank), "ncclCommInitRank")
             self.stream = torch.cuda.Stream(self.device)
         self._fusion: dict = {}
+
+    def _refuse_shared_gpus(self, mpi_comm) -> None:
+        """Collective. NCCL cannot put two ranks of a communicator on one GPU (ncclCommInitRank fails with
+        "invalid usage"); say which ranks share which GPU and what to do instead, on every rank."""
+        import socket
+
+        props = self.torch.cuda.get_device_properties(self.device)
+        gpu = str(getattr(props, "uuid", "") or self.device.index)
+        places = mpi_comm.allgather((socket.gethostname(), gpu))
+        shared = shared_gpus(places)
+        if shared:
+            ranks = shared[0]
+            raise RuntimeError(
+                f"ranks {', '.join(map(str, ranks))} use one GPU ({self.torch.cuda.get_device_name(self.device)} "
+                f"on {places[ranks[0]][0]}), and NCCL needs a GPU of its own per rank: give each rank its own GPU "
+                f"(torch.cuda.set_device(hvd.local_rank()) with as many GPUs as local ranks, or --gpus-per-proc 1), or "
+                f"share GPUs through host memory with TRAINRUN_GPU_OPERATIONS=mpi (what --allow-gpu-sharing sets)")
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
@@ -250,10 +292,13 @@ class NcclCollectives:
         self._check(self.lib.ncclGroupStart(), "ncclGroupStart")
         for peer in range(self.size):
             n_send, n_recv = splits[self.rank][peer] * row, recv_splits[peer] * row
-            self._check(self.lib.ncclSend(ctypes.c_void_p(send.data_ptr() + s_off), n_send, _UINT8, peer,
-                                          self.comm, self._s()), "ncclSend")
-            self._check(self.lib.ncclRecv(ctypes.c_void_p(recv.data_ptr() + r_off), n_recv, _UINT8, peer,
-                                          self.comm, self._s()), "ncclRecv")
+            # empty parts are left out on both sides (each knows the whole split matrix)
+            if n_send:
+                self._check(self.lib.ncclSend(ctypes.c_void_p(send.data_ptr() + s_off), n_send, _UINT8, peer,
+                                              self.comm, self._s()), "ncclSend")
+            if n_recv:
+                self._check(self.lib.ncclRecv(ctypes.c_void_p(recv.data_ptr() + r_off), n_recv, _UINT8, peer,
+                                              self.comm, self._s()), "ncclRecv")
             s_off, r_off = s_off + n_send, r_off + n_recv
         self._check(self.lib.ncclGroupEnd(), "ncclGroupEnd")
         return out, torch.tensor(recv_splits, dtype=torch.int32)
