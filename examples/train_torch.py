@@ -53,12 +53,17 @@ def main():
     hvd.init()
     torch.manual_seed(42)
     device = torch.device("cpu")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(hvd.local_rank())
-        device = torch.device("cuda", hvd.local_rank())
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # one GPU per local rank (what NCCL needs); ranks may share GPUs with --allow-gpu-sharing (their
+    # collectives then go through host memory); with fewer GPUs and no such flag, train on the CPU
+    if gpus >= hvd.local_size() or (gpus and os.environ.get("TRAINRUN_GPU_OPERATIONS") == "mpi"):
+        device = torch.device("cuda", hvd.local_rank() % gpus)
+        torch.cuda.set_device(device)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
 
+    if hvd.rank() == 0:
+        print(f"{hvd.size()} ranks, training on {device.type}" + (f" ({gpus} GPU(s) on this host)" if gpus else ""))
     x, y = synthetic_shard(args.samples, hvd.rank(), hvd.size())
     x, y = x.to(device), y.to(device)
     model = Net().to(device)

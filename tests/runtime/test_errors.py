@@ -83,3 +83,24 @@ def test_a_crashing_rank_fails_the_others_fast(tmp_path):
     assert "CAUGHT" in proc.stdout and "rank 1 stopped" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     waited = float(proc.stdout.split("CAUGHT")[1].split()[0])
     assert waited < 5, proc.stdout
+
+
+def test_a_failure_inside_a_collective_ends_the_job(tmp_path):
+    """An exception while a collective runs (here planted in the CPU reduction; on a GPU, NCCL refusing two
+    ranks on one device) fails the waiting call on every rank with its message, instead of leaving the
+    request in no queue and its caller waiting forever."""
+    script = tmp_path / "broken.py"
+    script.write_text(
+        "import numpy as np, trainrun.numpy as hvd\n"
+        "from trainrun.runtime import state\n"
+        "hvd.init()\n"
+        "def boom(*a, **k):\n"
+        "    raise RuntimeError('planted failure in a collective')\n"
+        "state.engine()._coll.allreduce_one = state.engine()._coll.allreduce = boom\n"
+        "try:\n"
+        "    hvd.allreduce(np.ones(4), name='x')\n"
+        "except hvd.HorovodInternalError as e:\n"
+        "    print('RAISED', e)\n")
+    proc = run_ranks(script, 2, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("RAISED trainrun engine failed: RuntimeError: planted failure in a collective") == 2, proc.stdout

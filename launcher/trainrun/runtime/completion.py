@@ -49,7 +49,15 @@ class Completion:
         self._finish(left, [None] * len(left), error)
 
     def _broken(self, e: Exception) -> None:
-        """An MPI or internal failure while driving: nothing can be trusted to complete any more."""
+        """An MPI or internal failure while driving: nothing can be trusted to complete any more. The
+        requests being executed when it happened are in no queue any more: their waiters get the same
+        error from `_orphaned` (engine._drive_until)."""
+        self._failure = HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}")
         with self._cv:
             self._closed = True
-        self._fail_all(HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}"))
+        self._fail_all(self._failure)
+
+    def _orphaned(self, handle) -> None:
+        """Complete `handle`, which a closed engine will never complete, with the reason it closed."""
+        handle.error = self._failure
+        handle.done = True

@@ -112,6 +112,7 @@ class Engine(LoneOp, Driver, Completion):
         self._closed = False                 # no more submits; driver stops
         self._idle = False                   # the background thread waits on _cv
         self._abort_reason: str | None = None  # set by abort()
+        self._failure: BaseException | None = None  # why the engine broke (completion._broken), else None
 
         self._drive = threading.Lock()           # held by whichever thread drives progress
         self._done_cv = threading.Condition()    # waiters that sleep between polls; notified on completion
@@ -225,6 +226,9 @@ class Engine(LoneOp, Driver, Completion):
         far more); after that it polls with growing sleeps and lets other threads drive in between."""
         backoff = None
         while not handle.done:
+            if self._failure is not None:  # broken while this handle's request was being executed
+                self._orphaned(handle)
+                break
             if not self._drive.acquire(blocking=False):
                 self._sleep(MAX_SLEEP_S, handle)   # another thread is driving
                 continue
