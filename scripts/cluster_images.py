@@ -101,9 +101,10 @@ def find_compose() -> list[str]:
     binary (never its Python wrapper, which exits 0 even on failure), then Debian's docker-compose v1."""
     if os.environ.get("TRAINRUN_COMPOSE"):
         return shlex.split(os.environ["TRAINRUN_COMPOSE"])
-    cp = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
-    if cp.returncode == 0 and "version v2" in cp.stdout:
-        return ["docker", "compose"]
+    if shutil.which("docker"):
+        cp = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+        if cp.returncode == 0 and "version v2" in cp.stdout:
+            return ["docker", "compose"]
     for b in _compose_v2_binaries():
         if os.access(b, os.X_OK):
             return [b]

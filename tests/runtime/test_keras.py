@@ -9,8 +9,11 @@ CASES = ["fit_matches_single_process", "backward_passes_per_step_2", "fp16_compr
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    # the CPU path: on a GPU host Keras' torch backend would put both ranks' variables on GPU 0, which NCCL
+    # refuses (tests/runtime/test_gpu.py covers CUDA tensors)
     return run_cases("keras_train", 2, tmp_path_factory.mktemp("keras"),
-                     env={"TRAINRUN_STALL_TIMEOUT": "20", "KERAS_BACKEND": "torch"}, timeout=240)
+                     env={"TRAINRUN_STALL_TIMEOUT": "20", "KERAS_BACKEND": "torch", "CUDA_VISIBLE_DEVICES": ""},
+                     timeout=240)
 
 
 @pytest.mark.parametrize("case", CASES)
