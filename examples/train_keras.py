@@ -10,10 +10,10 @@ learning rate up; print and checkpoint only on rank 0.
 """
 import argparse
 
-import keras  # noqa: E402  (after trainrun.keras, which selects the torch backend)
-import numpy as np
+import trainrun.keras as hvd  # first: with Keras not yet imported and KERAS_BACKEND unset, it selects torch
 
-import trainrun.keras as hvd
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 def synthetic_shard(n, rank, size, seed=0):
@@ -33,6 +33,8 @@ def main():
     args = parser.parse_args()
 
     hvd.init()
+    if hvd.rank() == 0:
+        print(f"{hvd.size()} ranks, Keras {keras.__version__} on the {keras.backend.backend()} backend")
     x, y = synthetic_shard(args.samples, hvd.rank(), hvd.size())
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
                               keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])

@@ -31,5 +31,6 @@ def test_example_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "epoch " in line]  # the launcher may prefix "[0]"
     assert len(lines) == 3 and ckpt.exists(), proc.stdout  # printed and saved by rank 0 only
+    assert "on the torch backend" in proc.stdout, proc.stdout  # as its docstring says (it imports trainrun.keras first)
     losses = [float(line.split("loss ")[1].split()[0]) for line in lines]
     assert losses[-1] < losses[0], losses  # it learns
