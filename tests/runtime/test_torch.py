@@ -41,3 +41,24 @@ def test_example_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if "epoch " in line]  # the launcher may prefix "[0]"
     assert len(lines) == 2 and ckpt.exists(), proc.stdout  # printed and saved by rank 0 only
+
+
+@pytest.mark.parametrize("elastic", ["", "1"])
+def test_one_rank_optimizer_reduces_only_in_an_elastic_job(tmp_path, elastic):
+    """As Horovod: at world size 1 DistributedOptimizer reduces nothing, unless the job is elastic (it may
+    grow back; scripts/bench_gpu.py measures the GPU path this way)."""
+    from tests.runtime.launch import run_ranks
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import torch, trainrun.torch as hvd\n"
+        "from trainrun.runtime import state\n"
+        "hvd.init()\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())\n"
+        "before = state.engine().reductions\n"
+        "m(torch.ones(1, 2)).sum().backward()\n"
+        "opt.step()\n"
+        "print('REDUCTIONS', state.engine().reductions - before)\n")
+    proc = run_ranks(script, 1, env={"TRAINRUN_ELASTIC": elastic}, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("REDUCTIONS 0" in proc.stdout) == (not elastic), proc.stdout
