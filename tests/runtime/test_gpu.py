@@ -128,3 +128,18 @@ def test_check_shows_the_gpu(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"x {name} ({memory} MiB, driver {driver})" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("args", [["-np", "1"], ["-np", "2", "--allow-gpu-sharing"]], ids=["one_rank", "two_share"])
+def test_example_trains_on_the_gpu(tmp_path, args):
+    """The README's example on the GPU: one rank through NCCL, and two ranks sharing the GPU through host
+    memory; the loss falls and rank 0 saves the checkpoint."""
+    from pathlib import Path
+    example = Path(__file__).parents[2] / "examples" / "train_torch.py"
+    ckpt = tmp_path / "ckpt.pt"
+    proc = subprocess.run([sys.executable, "-m", "trainrun", *args, sys.executable, str(example), "--epochs", "4",
+                           "--checkpoint", str(ckpt)], env=_clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "training on cuda" in proc.stdout, proc.stdout
+    losses = [float(line.split("loss ")[1].split()[0]) for line in proc.stdout.splitlines() if "epoch " in line]
+    assert len(losses) == 4 and losses[-1] < losses[0] and ckpt.exists(), proc.stdout
