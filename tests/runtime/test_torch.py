@@ -62,3 +62,14 @@ def test_one_rank_optimizer_reduces_only_in_an_elastic_job(tmp_path, elastic):
     proc = run_ranks(script, 1, env={"TRAINRUN_ELASTIC": elastic}, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("REDUCTIONS 0" in proc.stdout) == (not elastic), proc.stdout
+
+
+def test_gpu_worker_cases_on_cpu_tensors(tmp_path):
+    """The GPU test's worker (workers/gpu_ops.py) run on CPU tensors on 3 ranks (uneven reducescatter,
+    empty alltoall parts), so its reference logic and the CPU paths it mirrors are checked on every machine,
+    not only where tests/runtime/test_gpu.py runs."""
+    results = run_cases("gpu_ops", 3, tmp_path, env={"GPU_OPS_DEVICE": "cpu", "TRAINRUN_STALL_TIMEOUT": "20"},
+                        timeout=180)
+    assert len(results) == 9, sorted(results)
+    for case in results:
+        check(results, case)
