@@ -31,7 +31,7 @@ import trainrun.torch as hvd
 
 COMM = MPI.COMM_WORLD
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
-from bench_common import interleaved_medians_us, interleaved_samples_us  # noqa: E402
+from bench_common import fmt_size, fmt_us, interleaved_medians_us, interleaved_samples_us  # noqa: E402
 from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []  # (target, measured, met) rows for the report: the speed targets
 
@@ -43,14 +43,6 @@ def medians_us(fns, iters, warmup=3):
 
 def iters_for(nbytes, quick):
     return _iters_for(nbytes, quick, quick_min=3)
-
-
-def fmt_us(us):
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
-
-
-def fmt_size(n):
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def init_gloo():

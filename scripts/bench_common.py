@@ -187,6 +187,16 @@ def write_out(text: str, out: str) -> None:
     print(f"written to {path}", file=sys.stderr)
 
 
+def fmt_us(us: float) -> str:
+    """A time in microseconds as "12.3 us" or, from 1 ms, "4.56 ms"."""
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+
+
+def fmt_size(n: int) -> str:
+    """A message size in bytes as "4 KiB" or, from 1 MiB, "16 MiB"."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
 def interleaved_samples_us(fns, iters: int, barrier, warmup: int = 3, settle=None) -> list[list[float]]:
     """Per-iteration times (us) of each of `fns` over `iters` iterations. Every iteration runs each contender
     once, each call right after `barrier()` (all ranks in step), so a load burst on a shared machine hits all

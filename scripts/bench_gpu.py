@@ -34,7 +34,7 @@ import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trainrun.torch as hvd  # noqa: E402
-from bench_common import cpu_model, interleaved_samples_us, write_out  # noqa: E402
+from bench_common import cpu_model, fmt_size, fmt_us, interleaved_samples_us, write_out  # noqa: E402
 from trainrun.runtime.backends import nccl  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
@@ -43,14 +43,6 @@ SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 def quartiles(ts: list[float]) -> tuple[float, float, float]:
     q = statistics.quantiles(ts, n=4)
     return q[0], statistics.median(ts), q[2]
-
-
-def fmt_us(us: float) -> str:
-    return f"{us:.1f} us" if us < 1000 else f"{us / 1000:.2f} ms"
-
-
-def size_name(n: int) -> str:
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def machine_lines() -> list[str]:
@@ -104,7 +96,7 @@ def allreduce_rows(quick: bool) -> list[str]:
         qs = [quartiles(ts) for ts in times]
         base = qs[0][1]
         cells = [f"{fmt_us(q[1])} ({fmt_us(q[0])}-{fmt_us(q[2])})" for q in qs]
-        rows.append(f"| {size_name(nbytes)} | {cells[0]} | {cells[1]} | {qs[1][1] / base:.2f}x | {cells[2]} | "
+        rows.append(f"| {fmt_size(nbytes)} | {cells[0]} | {cells[1]} | {qs[1][1] / base:.2f}x | {cells[2]} | "
                     f"{qs[2][1] / base:.2f}x | {cells[3]} | {qs[3][1] / base:.2f}x |")
         print(rows[-1], flush=True)
     return rows
