@@ -53,6 +53,15 @@ def hang():
     hvd.allreduce(np.ones(4), name="step")  # the others wait here
 
 
+def alive(pid):
+    """True while `pid` runs: not a zombie, not yet reaped (it can vanish between any two reads)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def kill(victim):
     import numpy as np
 
@@ -71,7 +80,7 @@ def kill(victim):
         time.sleep(0.01)
     with open(path) as f:
         pid = json.load(f)["pid"]
-    while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    while alive(pid):
         time.sleep(0.005)
     time.sleep(0.2)
     print(f"rank {rank}: connection reset by rank {victim}", file=sys.stderr, flush=True)
