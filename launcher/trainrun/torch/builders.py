@@ -157,8 +157,8 @@ def grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor,
     out or views of it); anything else as one request per tensor, announced together."""
     base = rq.auto_name("grouped_allreduce", name, eng.set_id)
     tensors = list(tensors)
-    if flat.packable(tensors):
-        packed = flat.Packed(tensors)
+    packed = flat.pack(tensors, in_place)
+    if packed is not None:
         buf, dtype = _view(packed.flat)
         req = rq.allreduce(buf, buf, buf.shape, dtype, base, op, prescale_factor, postscale_factor)
         return [req], (lambda _: packed.unpack()) if in_place else (lambda _: packed.views())

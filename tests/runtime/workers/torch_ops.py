@@ -136,6 +136,63 @@ def grouped_allreduce_layouts():
 
 
 @case
+def grouped_in_place_copied_by_mpi():
+    """An in-place group of contiguous CPU tensors is copied in and out by MPI's datatype engine
+    (runtime/gather.py): every dtype with empty and 0-d tensors among them, the same tensor twice,
+    more distinct groups than the datatype cache keeps (evicted datatypes are freed; their groups
+    still reduce right when they come back), and groups from two threads at once."""
+    import threading
+
+    from trainrun.runtime import gather
+    calls = []
+    real = gather.gather
+    gather.gather = lambda blocks, dst: calls.append(len(blocks[0])) or real(blocks, dst)
+    try:
+        seed = 400
+        shapes = [(3,), (0,), (), (2, 5), (257,), (4, 1, 2)]
+        for dtype in DTYPES:
+            seed += 1
+            ts = [data(hvd.rank(), seed + i, s, dtype) for i, s in enumerate(shapes)]
+            assert hvd.grouped_allreduce_(ts, op=hvd.Sum) == ts
+            for i, (t, s) in enumerate(zip(ts, shapes)):
+                assert t.dtype == dtype and tuple(t.shape) == s
+                close(t, ranks_data(seed + i, s).sum(0), dtype)
+        assert calls == [len(shapes)] * len(DTYPES), f"the MPI copy was not taken: {calls}"
+        t = torch.full((5,), float(hvd.rank() + 1))  # twice in one group: both entries carry the same sum
+        hvd.grouped_allreduce_([t, t], op=hvd.Sum)
+        assert torch.equal(t, torch.full((5,), float(sum(range(1, hvd.size() + 1))))), t
+        groups = [[torch.full((i % 7 + 1,), float(hvd.rank() + i)) for _ in range(3)] for i in range(gather._CACHED + 8)]
+        for rnd in range(2):
+            for i, g in enumerate(groups):
+                for t in g:
+                    t.fill_(float(hvd.rank() + i))
+                hvd.grouped_allreduce_(g, op=hvd.Sum, name=f"cache.{i}")
+                want = float(sum(r + i for r in range(hvd.size())))
+                assert all(torch.equal(t, torch.full_like(t, want)) for t in g), (rnd, i, g)
+        assert len(gather._layouts) == gather._CACHED
+        failures = []
+
+        def worker(k):
+            try:
+                for step in range(20):
+                    g = [torch.full((k + 2,), float(hvd.rank() * 100 + step)) for _ in range(4)]
+                    hvd.grouped_allreduce_(g, op=hvd.Sum, name=f"thread{k}.{step}")
+                    want = float(sum(r * 100 + step for r in range(hvd.size())))
+                    if not all(torch.equal(t, torch.full_like(t, want)) for t in g):
+                        failures.append((k, step, g))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                failures.append((k, repr(e)))
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not failures, failures
+    finally:
+        gather.gather = real
+
+
+@case
 def gather_broadcast_alltoall_reducescatter():
     me, n = hvd.rank(), hvd.size()
     for dtype in DTYPES:
