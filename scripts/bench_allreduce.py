@@ -28,6 +28,8 @@ from mpi4py import MPI
 
 import trainrun.runtime as rt
 import trainrun.torch as hvd
+from trainrun.runtime import gather
+from trainrun.torch import flat
 
 COMM = MPI.COMM_WORLD
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
@@ -160,10 +162,20 @@ def call_paths(quick):
         for h in [hvd.allreduce_async_(t, op=hvd.Sum) for t in ts]:
             hvd.synchronize(h)
 
+    def t_grouped_torch_copies():
+        """The same call with runtime/gather.py switched off: the group copied in and out by torch
+        (cat, split, _foreach_copy_), as before the MPI copy; what that copy buys, side by side."""
+        flat.gather = _NO_GATHER
+        try:
+            hvd.grouped_allreduce_(ts, op=hvd.Sum)
+        finally:
+            flat.gather = gather
+
     fns = {"raw: one fused call": lambda: COMM.Allreduce(MPI.IN_PLACE, fused),
            "NumPy `grouped_allreduce` unnamed": lambda: rt.grouped_allreduce(xs, op=rt.Sum),
            "NumPy 160 `allreduce_async_` unnamed": np_async,
            "torch `grouped_allreduce_` unnamed": lambda: hvd.grouped_allreduce_(ts, op=hvd.Sum),
+           "torch `grouped_allreduce_` unnamed, copied by torch (no runtime/gather.py)": t_grouped_torch_copies,
            "torch 160 `allreduce_async_` unnamed": t_async}
     samples = samples_us(list(fns.values()), 30 if quick else 150)
     med = {k: statistics.median(v) for k, v in zip(fns, samples)}
@@ -179,6 +191,10 @@ def call_paths(quick):
 
 _CTRL, _ROUND_SEND, _ROUND_RECV = COMM.Dup(), bytearray(32), bytearray(32)
 _ROUND = _CTRL.Allreduce_init([_ROUND_SEND, MPI.UINT64_T], [_ROUND_RECV, MPI.UINT64_T], op=MPI.BAND)
+
+
+_NO_GATHER = type("NoGather", (), {"gather": staticmethod(lambda blocks, dst: False),
+                                    "scatter": staticmethod(lambda src, blocks: False)})
 
 
 def _poll(request) -> None:
