@@ -48,7 +48,9 @@ class Packed:
     """The group's data back to back in `flat` (1-D, contiguous, a new tensor). `_blocks`, when MPI
     gathered the tensors, is their (addresses, byte lengths) for the copy back; `_rows`, when they
     were concatenated along dim 0, is the concatenation `flat` views (it splits back into the
-    tensors' shapes in one call)."""
+    tensors' shapes in one call). An in-place op's tensors must keep their storage until `unpack`
+    (as with Horovod, whose ops also write to the addresses taken at submission): the copy back goes
+    to the addresses listed in `pack`."""
 
     __slots__ = ("flat", "_rows", "_tensors", "_blocks")
 
