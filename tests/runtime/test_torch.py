@@ -73,3 +73,26 @@ def test_gpu_worker_cases_on_cpu_tensors(tmp_path):
     assert len(results) == 9, sorted(results)
     for case in results:
         check(results, case)
+
+
+@pytest.mark.parametrize("thread_level", ["multiple", "serialized"])
+def test_grouped_in_place_copy_falls_back_below_thread_multiple(tmp_path, thread_level):
+    """The MPI copy of a torch group (runtime/gather.py) runs only at MPI_THREAD_MULTIPLE (the caller's
+    thread copies while the engine's communicates); below it the group is copied by torch, still right."""
+    from tests.runtime.launch import run_ranks
+    script = tmp_path / "levels.py"
+    script.write_text(
+        "import sys, mpi4py\n"
+        "mpi4py.rc.thread_level = sys.argv[1]\n"
+        "import torch, trainrun.torch as hvd\n"
+        "from trainrun.runtime import gather\n"
+        "hvd.init()\n"
+        "ts = [torch.full((i + 1,), float(hvd.rank() + i)) for i in range(20)]\n"
+        "hvd.grouped_allreduce_(ts, op=hvd.Sum)\n"
+        "assert all(torch.equal(t, torch.full_like(t, float(sum(r + i for r in range(hvd.size())))))\n"
+        "           for i, t in enumerate(ts)), ts\n"
+        "print('MPI COPIES', len(gather._layouts))\n")
+    proc = run_ranks(script, 2, [thread_level], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    copies = 1 if thread_level == "multiple" else 0
+    assert proc.stdout.count(f"MPI COPIES {copies}") == 2, proc.stdout
