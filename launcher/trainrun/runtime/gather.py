@@ -32,27 +32,29 @@ _comm = None  # our duplicate of COMM_SELF, made at first use
 
 
 def gather(blocks: tuple, dst: np.ndarray) -> bool:
-    """Copy the blocks (addresses, byte lengths), in order, into `dst` (contiguous, their total
+    """Copy the blocks (addresses, byte lengths), in order, into `dst` (contiguous, exactly their total
     length); False, having copied nothing, where this module cannot copy them."""
-    from mpi4py import MPI
-
-    with _lock:
-        kind = _layout(blocks, MPI)
-        if kind is not None:
-            _comm.Sendrecv([MPI.BOTTOM, 1, kind], 0, 0, [dst, sum(blocks[1]), MPI.BYTE], 0, 0)
-        return kind is not None
+    return _copy(blocks, dst, into_blocks=False)
 
 
 def scatter(src: np.ndarray, blocks: tuple) -> bool:
-    """Copy `src` (contiguous, the blocks' total length) back into the blocks, in order; False,
+    """Copy `src` (contiguous, exactly the blocks' total length) back into the blocks, in order; False,
     having copied nothing, where this module cannot."""
+    return _copy(blocks, src, into_blocks=True)
+
+
+def _copy(blocks: tuple, buf: np.ndarray, into_blocks: bool) -> bool:
+    """One self-send between the blocks' datatype and `buf` (bytes: its size is the count)."""
     from mpi4py import MPI
 
     with _lock:
         kind = _layout(blocks, MPI)
-        if kind is not None:
-            _comm.Sendrecv([src, sum(blocks[1]), MPI.BYTE], 0, 0, [MPI.BOTTOM, 1, kind], 0, 0)
-        return kind is not None
+        if kind is None:
+            return False
+        spread, packed = [MPI.BOTTOM, 1, kind], [buf, MPI.BYTE]
+        src, dst = (packed, spread) if into_blocks else (spread, packed)
+        _comm.Sendrecv(src, 0, 0, dst, 0, 0)
+        return True
 
 
 def _layout(blocks: tuple, MPI):
