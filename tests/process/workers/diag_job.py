@@ -5,7 +5,8 @@
   kill R          rank R SIGKILLs itself after the first allreduce (a child of it holds its output open,
                   so its exit is reported 0.5 s late); the others notice (they watch its pid, as a
                   peer's socket would be reset) and exit 1 with "connection reset by rank R" 0.2 s later
-                  (more than the error of the hosts' clock offsets, less than the late report)
+                  (more than the error of the hosts' clock offsets, less than the late report), ignoring
+                  the SIGTERM of the teardown the first of them starts
   raise R         rank R raises RuntimeError after the first allreduce and lingers 0.5 s after trainrun
                   has stopped it (an atexit handler registered before trainrun's import runs after
                   trainrun's); the others, failed by the runtime with "trainrun: rank R stopped: ...",
@@ -75,6 +76,9 @@ def kill(victim):
         while len([n for n in os.listdir(directory) if n.startswith("pid.")]) < hvd.size():
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
+    # the first of us to exit starts the launcher's teardown (SIGTERM, then SIGKILL after the grace): the
+    # rest must still end on their own, with their line, however late this loaded machine runs them
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     path = os.path.join(directory, f"pid.{victim}")
     while not os.path.exists(path):
         time.sleep(0.01)
