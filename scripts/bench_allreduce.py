@@ -1,6 +1,6 @@
 """Allreduce benchmark: trainrun vs raw mpi4py vs torch.distributed (gloo), side by side, 2 ranks.
 
-    trainrun -np 2 python scripts/bench_allreduce.py [--out docs/benchmarks/allreduce.md] [--quick]
+    trainrun -np 2 python scripts/bench_allreduce.py [--out FILE] [--quick] [--paths-only]
     (or: mpiexec -n 2 python scripts/bench_allreduce.py)
 
 Measures (medians of per-iteration times on rank 0, float32; every iteration runs trainrun and raw MPI
@@ -13,7 +13,8 @@ own block, as a gloo call leaves its threads busy and slows whatever runs next):
   4. call paths (issue 11): raw MPI, NumPy and torch, named, unnamed, in and out of place, at 4 KiB and
      16 MiB; 160 x 4 KiB grouped and async through both (`--paths-only` runs just this).
 Writes a markdown report (date, machine, load, the table, the issue's targets met or not) to stdout
-and to --out.
+and to --out (none by default: docs/benchmarks/allreduce.md is a record of dated runs with notes
+written around them, which a run must not overwrite).
 """
 import argparse
 import os
@@ -33,7 +34,7 @@ from trainrun.torch import flat
 
 COMM = MPI.COMM_WORLD
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
-from bench_common import fmt_size, fmt_us, interleaved_medians_us, interleaved_samples_us  # noqa: E402
+from bench_common import fmt_size, fmt_us, interleaved_medians_us, interleaved_samples_us, write_out  # noqa: E402
 from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []  # (target, measured, met) rows for the report: the issue's speed targets
 
@@ -340,7 +341,7 @@ def report(rows, quick, load_start, paths=()) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/benchmarks/allreduce.md", help="markdown file to write (rank 0)")
+    parser.add_argument("--out", help="also write the report to this markdown file (rank 0)")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     parser.add_argument("--paths-only", action="store_true", help="only the call-path section (issue 11)")
     args = parser.parse_args()
@@ -357,11 +358,10 @@ def main():
     paths = call_paths(args.quick)
     if COMM.rank == 0:
         text = report(rows, args.quick, load_start, paths)
-        print(text)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"written to {args.out}", file=sys.stderr)
+        if args.out:
+            write_out(text, args.out)
+        else:
+            print(text)
     dist.destroy_process_group()
     rt.shutdown()
     _ROUND.Free()  # (MPICH warns at exit about persistent requests left)

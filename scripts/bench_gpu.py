@@ -2,7 +2,7 @@
 
 Run on a machine with an NVIDIA GPU:
 
-    trainrun -np 1 python scripts/bench_gpu.py --out docs/benchmarks/gpu.md [--quick]
+    trainrun -np 1 python scripts/bench_gpu.py [--out FILE] [--quick]
 
 1. allreduce of a float32 CUDA tensor, 4 KiB to 256 MiB: torch.distributed (nccl) `all_reduce` vs
    trainrun `allreduce_` (in place) and `allreduce` (out of place) through NCCL, and trainrun through
@@ -174,7 +174,8 @@ def train_rows(quick: bool) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="docs/benchmarks/gpu.md")
+    ap.add_argument("--out", help="also write the report to this markdown file; none by default: "
+                    "docs/benchmarks/gpu.md is a record of a run with notes, not to be overwritten")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -195,7 +196,10 @@ def main() -> int:
                       "contenders interleaved; ratios over torch.distributed).", "", *machine_lines(), "",
                       "## allreduce of a float32 CUDA tensor (each call then torch.cuda.synchronize())", "",
                       *allreduce, "", "## training step (forward, backward, SGD step, synchronize)", "", *train, ""])
-    write_out(text, args.out)
+    if args.out:
+        write_out(text, args.out)
+    else:
+        print(text)
     dist.destroy_process_group()
     return 0
 

@@ -1,6 +1,6 @@
 """TensorFlow allreduce benchmark: trainrun.tensorflow vs trainrun's NumPy path vs raw mpi4py, 2 ranks.
 
-    trainrun -np 2 python scripts/bench_tensorflow.py [--out docs/benchmarks/tensorflow.md] [--quick]
+    trainrun -np 2 python scripts/bench_tensorflow.py [--out FILE] [--quick]
 
 Measures medians (rank 0) of one float32 allreduce, op Sum, 4 KiB .. 64 MiB, side by side: every
 iteration runs each contender once, right after a barrier, so load bursts on a shared machine hit
@@ -8,7 +8,7 @@ them alike (tf.function in its own block after them: see rows_for). Contenders: 
 copy into an aligned result buffer the tensor then adopts), the same inside a tf.function
 (numpy_function; TF copies the result), the runtime's NumPy allreduce_ (in place) and allreduce (out
 of place), and raw mpi4py Allreduce(IN_PLACE). Writes a markdown report (date, machine, load, the
-table, the issue's targets met or not) to stdout and --out.
+table, the issue's targets met or not) to stdout, or to --out.
 Not measured here (left for when the launcher sets TF_CONFIG): Keras fit under
 MultiWorkerMirroredStrategy vs trainrun.
 """
@@ -26,7 +26,7 @@ import trainrun.tensorflow as hvd
 
 COMM = MPI.COMM_WORLD
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # scripts/: bench_common
-from bench_common import fmt_size, fmt_us, interleaved_medians_us  # noqa: E402
+from bench_common import fmt_size, fmt_us, interleaved_medians_us, write_out  # noqa: E402
 from bench_common import iters_for as _iters_for  # noqa: E402
 TARGETS = []
 
@@ -101,7 +101,8 @@ def report(rows, quick, load_start) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="docs/benchmarks/tensorflow.md", help="markdown file to write (rank 0)")
+    parser.add_argument("--out", help="also write the report to this markdown file (rank 0); none by default: "
+                        "docs/benchmarks/tensorflow.md is a record of dated runs with notes, not to be overwritten")
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -111,11 +112,10 @@ def main():
     rows = rows_for(args.quick)
     if COMM.rank == 0:
         text = report(rows, args.quick, load_start)
-        print(text)
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-        print(f"written to {args.out}", file=sys.stderr)
+        if args.out:
+            write_out(text, args.out)
+        else:
+            print(text)
     hvd.shutdown()
 
 
