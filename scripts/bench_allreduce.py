@@ -136,7 +136,8 @@ def call_paths(quick):
         # slower whatever it was: an untimed in-place raw call settles the ranks before each row
         settle = (lambda: COMM.Allreduce(MPI.IN_PLACE, x)) if nbytes >= 1 << 20 else None
         samples = samples_us(list(fns.values()), it, settle=settle)
-        med = {k: statistics.median(v) for k, v in zip(fns, samples)}
+        by_row = dict(zip(fns, samples))
+        med = {k: statistics.median(v) for k, v in by_row.items()}
         for k, v in zip(fns, samples):
             rows.append((f"{k}, {fmt_size(nbytes)}", fmt_us(med[k]), spread(v, samples[0])))
         size = fmt_size(nbytes)
@@ -151,10 +152,10 @@ def call_paths(quick):
              f"{unnamed_t / unnamed_np:.2f}x", max(named_t / named_np, unnamed_t / unnamed_np) <= 1.2),
             (f"{size}: torch out of place within 1.1x raw MPI into a fresh output", f"{out_t / fresh:.2f}x",
              out_t <= 1.1 * fresh)])
-        fresh_t = "raw `Allreduce` into a fresh output, returned as a torch tensor (`torch.from_numpy`, no engine)"
+        floor = spread(by_row["raw `Allreduce` into a fresh output, returned as a torch tensor (`torch.from_numpy`, "
+                              "no engine)"], by_row["raw `Allreduce` into a fresh output"])
         PATH_NOTES.append(f"{size}: the floor of a torch out-of-place call (raw MPI into a new array returned as a "
-                          f"torch tensor; no engine, no checks) is {spread(samples[list(fns).index(fresh_t)], samples[1])} of raw MPI "
-                          "into a fresh NumPy output.")
+                          f"torch tensor; no engine, no checks) is {floor} of raw MPI into a fresh NumPy output.")
         if nbytes == 4 << 10:
             PATH_TARGETS.append(("4 KiB: in place within 2x raw (NumPy, torch; unnamed)",
                                  f"{unnamed_np / raw:.2f}x, {unnamed_t / raw:.2f}x", max(unnamed_np, unnamed_t) <= 2 * raw))
@@ -190,24 +191,26 @@ def call_paths(quick):
         COMM.Allreduce(MPI.IN_PLACE, staged)
         np.copyto(back, staged)
 
-    fns = {"raw: one fused call": lambda: COMM.Allreduce(MPI.IN_PLACE, fused),
-           "raw: one memcpy in, the fused call, one memcpy out (the floor of a copied group)": copy_floor,
+    one_row, floor_row = "raw: one fused call", "raw: one memcpy in, the fused call, one memcpy out (the floor of a copied group)"
+    fns = {one_row: lambda: COMM.Allreduce(MPI.IN_PLACE, fused),
+           floor_row: copy_floor,
            "NumPy `grouped_allreduce` unnamed": lambda: rt.grouped_allreduce(xs, op=rt.Sum),
            "NumPy 160 `allreduce_async_` unnamed": np_async,
            "torch `grouped_allreduce_` unnamed": lambda: hvd.grouped_allreduce_(ts, op=hvd.Sum),
            "torch `grouped_allreduce_` unnamed, copied by torch (no runtime/gather.py)": t_grouped_torch_copies,
            "torch 160 `allreduce_async_` unnamed": t_async}
     samples = samples_us(list(fns.values()), 30 if quick else 150)
-    med = {k: statistics.median(v) for k, v in zip(fns, samples)}
+    by_row = dict(zip(fns, samples))
+    med = {k: statistics.median(v) for k, v in by_row.items()}
     for k, v in zip(fns, samples):
         rows.append((f"160 x 4 KiB, {k}", fmt_us(med[k]), spread(v, samples[0])))
-    one = med["raw: one fused call"]
+    one = med[one_row]
     for k, limit in (("torch `grouped_allreduce_` unnamed", 1.5), ("torch 160 `allreduce_async_` unnamed", 3.0),
                      ("NumPy `grouped_allreduce` unnamed", 1.5), ("NumPy 160 `allreduce_async_` unnamed", 3.0)):
         PATH_TARGETS.append((f"160 x 4 KiB, {k}: within {limit}x one fused raw call", f"{med[k] / one:.2f}x",
                              med[k] <= limit * one))
     PATH_NOTES.append(f"The floor of a copied group (one memcpy in, the fused call, one memcpy out; no per-tensor "
-                      f"work, no agreement round) is {spread(samples[1], samples[0])} of one fused raw call here: "
+                      f"work, no agreement round) is {spread(by_row[floor_row], by_row[one_row])} of one fused raw call here: "
                       "the best any group copied through a fusion buffer, this runtime's or Horovod's, can reach.")
     return rows
 
