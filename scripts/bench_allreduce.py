@@ -361,10 +361,7 @@ def main():
     paths = call_paths(args.quick)
     if COMM.rank == 0:
         text = report(rows, args.quick, load_start, paths)
-        if args.out:
-            write_out(text, args.out)
-        else:
-            print(text)
+        write_out(text, args.out)
     dist.destroy_process_group()
     rt.shutdown()
     _ROUND.Free()  # (MPICH warns at exit about persistent requests left)

@@ -179,8 +179,11 @@ def hostfiles(tmp: Path, names: list[str], counts: tuple[int, ...], ppns: tuple[
     return out
 
 
-def write_out(text: str, out: str) -> None:
+def write_out(text: str, out: str | None) -> None:
+    """Print the report, and write it to `out` too unless that is None."""
     print(text)
+    if out is None:
+        return
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -196,10 +196,7 @@ def main() -> int:
                       "contenders interleaved; ratios over torch.distributed).", "", *machine_lines(), "",
                       "## allreduce of a float32 CUDA tensor (each call then torch.cuda.synchronize())", "",
                       *allreduce, "", "## training step (forward, backward, SGD step, synchronize)", "", *train, ""])
-    if args.out:
-        write_out(text, args.out)
-    else:
-        print(text)
+    write_out(text, args.out)
     dist.destroy_process_group()
     return 0
 

@@ -112,10 +112,7 @@ def main():
     rows = rows_for(args.quick)
     if COMM.rank == 0:
         text = report(rows, args.quick, load_start)
-        if args.out:
-            write_out(text, args.out)
-        else:
-            print(text)
+        write_out(text, args.out)
     hvd.shutdown()
 
 

@@ -96,3 +96,24 @@ def test_grouped_in_place_copy_falls_back_below_thread_multiple(tmp_path, thread
     assert proc.returncode == 0, proc.stderr[-3000:]
     copies = 1 if thread_level == "multiple" else 0
     assert proc.stdout.count(f"MPI COPIES {copies}") == 2, proc.stdout
+
+
+def test_grouped_copy_refuses_after_mpi_finalize(tmp_path):
+    """A layout cached while MPI ran is not used once MPI_Finalize has run: gather/scatter say False
+    (the caller copies with torch) instead of calling into a finalized MPI."""
+    from tests.runtime.launch import run_ranks
+    script = tmp_path / "finalized.py"
+    script.write_text(
+        "import numpy as np, torch, trainrun.torch as hvd\n"
+        "from mpi4py import MPI\n"
+        "from trainrun.runtime import gather\n"
+        "hvd.init()\n"
+        "hvd.grouped_allreduce_([torch.ones(4) for _ in range(3)])\n"
+        "blocks = next(iter(gather._layouts))\n"
+        "hvd.shutdown()\n"
+        "MPI.Finalize()\n"
+        "buf = np.zeros(sum(blocks[1]), np.uint8)\n"
+        "print('AFTER FINALIZE', gather.gather(blocks, buf), gather.scatter(buf, blocks))\n")
+    proc = run_ranks(script, 2, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("AFTER FINALIZE False False") == 2, proc.stdout

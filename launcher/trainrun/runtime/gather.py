@@ -61,11 +61,13 @@ def _layout(blocks: tuple, MPI):
     """The committed datatype of `blocks`, cached (an evicted one is freed: callers hold the lock
     while they use one); None where we cannot copy. Caller holds _lock."""
     global _comm
+    if not MPI.Is_initialized() or MPI.Is_finalized():  # (checked on every copy: a cached layout outlives MPI)
+        return None
     found = _layouts.get(blocks)
     if found is not None:
         _layouts.move_to_end(blocks)
         return found
-    if not MPI.Is_initialized() or MPI.Is_finalized() or MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
         return None
     addresses, lengths = blocks
     if any(n >= _BLOCK_LIMIT for n in lengths):

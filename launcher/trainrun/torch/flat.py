@@ -59,8 +59,8 @@ class Packed:
         self._rows = None
         self._blocks = blocks
         if blocks is not None:
-            self.flat = torch.empty(sum(self._blocks[1]) // tensors[0].element_size(), dtype=tensors[0].dtype)
-            if gather.gather(self._blocks, _bytes(self.flat)):
+            self.flat = torch.empty(sum(blocks[1]) // tensors[0].element_size(), dtype=tensors[0].dtype)
+            if gather.gather(blocks, _bytes(self.flat)):
                 return
             self._blocks = None
         with torch.no_grad():  # a copy for the engine: no graph (parameters may require grad)
