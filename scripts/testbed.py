@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Simulated hosts for trainrun's cluster tests: network namespaces, each with its own hostname and sshd.
 
-    python3 scripts/testbed.py up [N]         bring up N hosts h1..hN (default 3), print the state dir
+    python3 scripts/testbed.py up [N]         bring up N hosts h1..hN (default 3), print the state dir, the
+                                              hostfile (hN slots=2) and a launch command using them
     python3 scripts/testbed.py down           remove everything `up` made; safe any time, even after a
                                               half-finished `up`, and repeatable
     python3 scripts/testbed.py status         what is up
@@ -17,8 +18,12 @@ Topology (nothing is routed off the box; the hosts have no default route):
     eth2     10.243.0.3/24 on host 2 only: up, but its peer is attached to nothing (unreachable)
 The bridges live in namespace trt-sw: a dockerd's iptables FORWARD DROP in the root namespace would break them.
 Host hN is namespace trt-hN plus a holder process (`sleep infinity`) that owns the host's UTS namespace
-(hostname hN) and mount namespace (/etc/hosts from the state dir, /sys of its network namespace); sshd and
-`exec` join the holder's namespaces, so stopping sshd keeps the host.
+(hostname hN), IPC namespace and mount namespace (/etc/hosts from the state dir, /sys of its network namespace,
+a /dev/shm of its own); sshd and `exec` join the holder's namespaces, so stopping sshd keeps the host.
+The hosts share one kernel and its PID namespace, but not shared memory: their own /dev/shm and SysV IPC keep
+MPICH's segments apart, and their own IPC namespace makes UCX (which takes the same boot_id for the same
+machine) treat the other hosts as remote (its shared-memory transports, CMA included, require the same IPC
+namespace), so MPI between hosts goes over their NICs, as between real machines.
 
 State dir (env TRAINRUN_TESTBED_STATE, default /tmp/trainrun-testbed): state.json, id_ed25519 (client key,
 root login on every host), ssh_config (Host h1..hN), known_hosts, hostfile (`hN slots=2`), hosts, hN/.
@@ -49,6 +54,7 @@ SSHD = "/usr/sbin/sshd"
 STATE_DIR = Path(os.environ.get("TRAINRUN_TESTBED_STATE", "/tmp/trainrun-testbed"))
 LOCK_FILE = Path("/tmp/trainrun-testbed.lock")
 TOOLS = ("ip", "unshare", "nsenter", "setsid", "ssh-keygen")
+ENTER = ("-n", "-u", "-i", "-m")   # the holder's namespaces a host's processes join: net, UTS, IPC, mounts
 
 SSHD_CONFIG = """\
 Port 22
@@ -94,8 +100,8 @@ def missing_requirement() -> str | None:
             return f"`{tool}` not found (apt-get install iproute2 util-linux openssh-client)"
     if not os.access(SSHD, os.X_OK):
         return f"{SSHD} not found (apt-get install --no-install-recommends openssh-server)"
-    if subprocess.run(["unshare", "--net", "--uts", "--mount", "true"], capture_output=True).returncode:
-        return "cannot create namespaces here (unshare --net failed: no CAP_SYS_ADMIN?)"
+    if subprocess.run(["unshare", "--net", "--uts", "--ipc", "--mount", "true"], capture_output=True).returncode:
+        return "cannot create namespaces here (unshare --net --uts --ipc --mount failed: no CAP_SYS_ADMIN?)"
     return None
 
 
@@ -137,7 +143,7 @@ class Testbed:
 
     def enter(self, i: int) -> list[str]:
         """The argv prefix that runs a command inside host i."""
-        return ["nsenter", "-t", str(self.holder_pid(i)), "-n", "-u", "-m", "--"]
+        return ["nsenter", "-t", str(self.holder_pid(i)), *ENTER, "--"]
 
     def run(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """subprocess.run(argv) inside host i; kwargs go to subprocess.run (default: text, captured)."""
@@ -307,17 +313,20 @@ def _build_host(h: Host, st: Path) -> None:
 
     sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", h.name, "-f", str(h.dir / "ssh_host_ed25519_key"))
     (h.dir / "sshd_config").write_text(SSHD_CONFIG.format(d=h.dir, state=st))
-    # `ip netns exec` gives a mount namespace with this netns's /sys; unshare adds the host's own UTS + mounts.
-    # setsid -f: the holder is re-parented to init, so nobody has to reap it. It must not inherit a pipe.
-    script = (f"hostname {h.name} && mount --bind {st}/hosts /etc/hosts && echo $$ > {h.dir}/holder.pid"
-              " && exec sleep infinity")
+    # `ip netns exec` gives a mount namespace with this netns's /sys; unshare adds the host's own UTS, IPC and
+    # mounts, and a tmpfs on /dev/shm (before sshd starts, so every session and rank sees it: no shared memory
+    # between hosts). setsid -f: the holder is re-parented to init, so nobody has to reap it. It must not
+    # inherit a pipe.
+    script = (f"hostname {h.name} && mount --bind {st}/hosts /etc/hosts"
+              " && mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm"
+              f" && echo $$ > {h.dir}/holder.pid && exec sleep infinity")
     with open(h.dir / "holder.log", "w") as log:
-        subprocess.run(["setsid", "-f", "ip", "netns", "exec", h.ns, "unshare", "--uts", "--mount", "--propagation",
-                        "private", "sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=log, check=True)
+        subprocess.run(["setsid", "-f", "ip", "netns", "exec", h.ns, "unshare", "--uts", "--ipc", "--mount",
+                        "--propagation", "private", "sh", "-c", script], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=log, check=True)
     _wait(lambda: (h.dir / "holder.pid").exists() and (h.dir / "holder.pid").read_text().strip(),
           f"holder of {h.name}")
-    sh("nsenter", "-t", (h.dir / "holder.pid").read_text().strip(), "-n", "-u", "-m", "--",
+    sh("nsenter", "-t", (h.dir / "holder.pid").read_text().strip(), *ENTER, "--",
        SSHD, "-f", str(h.dir / "sshd_config"), "-E", str(h.dir / "sshd.log"))
 
 
@@ -382,6 +391,12 @@ def status(state_dir: Path = STATE_DIR) -> str:
     return "\n".join(lines)
 
 
+def _trainrun_exe() -> str:
+    """This checkout's trainrun (its venv's) when it has one, else `trainrun` from PATH: for the launch line."""
+    exe = Path(__file__).resolve().parents[1] / ".venv/bin/trainrun"
+    return str(exe) if exe.exists() else "trainrun"
+
+
 def main(argv: list[str]) -> int:
     cmd = argv[0] if argv else "help"
     if cmd == "status":
@@ -410,6 +425,9 @@ def main(argv: list[str]) -> int:
         tb = up(int(argv[1]) if len(argv) > 1 else 3)
         print(f"testbed up: {len(tb.hosts)} hosts in {time.monotonic() - t0:.2f} s; state {tb.state_dir}")
         print(f"  ssh -F {tb.ssh_config} h1 hostname")
+        print(f"hostfile {tb.hostfile}:")
+        print("".join(f"  {line}\n" for line in tb.hostfile.read_text().splitlines()), end="")
+        print(f"  {_trainrun_exe()} --ssh-config {tb.ssh_config} --hostfile {tb.hostfile} train.py")
         return 0
     except TestbedError as e:
         print(f"testbed: {e}", file=sys.stderr)
