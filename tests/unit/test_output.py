@@ -40,6 +40,18 @@ def test_timestamp_prefix():
     assert line.endswith(" [2]<stdout>:a\n") and line[2] == ":"
 
 
+def test_mpi_prefix_is_open_mpis_tag_output_form():
+    """--prefix mpi: the `[1,0]<stdout>:` lines a Horovod user greps for (horovodrun's default here)."""
+    s, out, err = sink(prefix="mpi")
+    s.feed(1, 1, b"a\n")
+    s.feed(0, 2, b"b\n")
+    assert out.getvalue() == b"[1,1]<stdout>:a\n" and err.getvalue() == b"[1,0]<stderr>:b\n"
+    s, out, _ = sink(prefix="mpi-timestamp")
+    s.feed(2, 1, b"c\n")
+    line = out.getvalue().decode()
+    assert line.endswith(" [1,2]<stdout>:c\n") and line[2] == ":"
+
+
 def test_output_dir(tmp_path):
     s, _, _ = sink(output_dir=str(tmp_path))
     s.feed(1, 1, b"raw\npart")

@@ -87,7 +87,8 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--allow-gpu-sharing", is_flag=True, help="Allow more local ranks than GPUs.")
 @click.option("--bind-to", type=click.Choice(["none", "core"]), default="none", show_default=True, help="Pin each local rank to a CPU core.")
 @click.option("-x", "--export", multiple=True, metavar="NAME[=VALUE]", help="Export a variable to every rank (repeatable).")
-@click.option("--prefix", type=click.Choice(["rank", "timestamp", "none"]), default="rank", show_default=True, help="Prefix of each output line.")
+@click.option("--prefix", type=click.Choice(["rank", "timestamp", "mpi", "mpi-timestamp", "none"]), default="rank", show_default=True,
+              help="Prefix of each output line: [0]<stdout>: (rank), Open MPI's [1,0]<stdout>: (mpi), either after the time.")
 @click.option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N/stdout|stderr (and stack dumps).")
 @click.option("--fold", is_flag=True, help="Print identical lines of many ranks once, prefixed with the rank set ([0-7,9]); \\r progress bars as one line per rank set every few seconds.")
 @click.option("--ranks", "show_ranks", metavar="RANKS", help="Show only these ranks' output (e.g. 0,3 or 0-3,8); --output-dir still gets every rank's.")

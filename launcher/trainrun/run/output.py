@@ -23,6 +23,9 @@ from collections import deque
 
 
 STREAMS = {1: "stdout", 2: "stderr"}
+# --prefix: `[0]<stdout>:` (rank), the same after a time (timestamp), Open MPI's `--tag-output` form
+# `[1,0]<stdout>:` that Horovod users grep for (mpi; 1 is the job's number there), the same after a time
+PREFIXES = ("rank", "timestamp", "mpi", "mpi-timestamp", "none")
 MAX_LINE = 1 << 16
 TAIL_LINES = 200  # kept per rank for the failure summary (result.py picks what to show, e.g. a traceback)
 TAIL_LINE_CHARS = 2000
@@ -48,7 +51,7 @@ def prepare_output_dir(path: str) -> None:
 class OutputSink:
     def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None, *,
                  show: frozenset[int] | None = None, folder: Folder | None = None, clock=time.monotonic):
-        if prefix not in ("rank", "timestamp", "none"):
+        if prefix not in PREFIXES:
             raise ValueError(f"prefix mode {prefix!r}")
         self.prefix = prefix
         self.show, self.folder, self._clock = show, folder, clock
@@ -62,8 +65,9 @@ class OutputSink:
     def _prefix(self, rank: int | str, stream: int) -> bytes:
         if self.prefix == "none":
             return b""
-        tag = b"[%s]<%s>:" % (str(rank).encode(), STREAMS[stream].encode())
-        if self.prefix == "timestamp":
+        job = b"1," if self.prefix.startswith("mpi") else b""
+        tag = b"[%s%s]<%s>:" % (job, str(rank).encode(), STREAMS[stream].encode())
+        if self.prefix.endswith("timestamp"):
             now = time.time()
             stamp = time.strftime("%H:%M:%S", time.localtime(now)) + ".%03d" % (int(now * 1000) % 1000)
             return stamp.encode() + b" " + tag
