@@ -9,9 +9,11 @@ from trainrun.check.perf_verdict import (
     HostSample,
     LinkSample,
     PerfResult,
+    collective_prediction,
     degraded,
     exclude_advice,
     findings,
+    prediction_nic,
     round_robin,
     suspect_pairs,
 )
@@ -161,3 +163,14 @@ def test_versions_table_reads_the_facts():
     f = {h: HostFacts(h, 1, "p", "0.1", python_version=v, numpy="2.0") for h, v in (("a", "3.11.7"), ("b", "3.11.2"))}
     t = versions_table(f)
     assert t["Python"] == {"a": "3.11.7", "b": "3.11.2"} and t["numpy"] == {"a": "2.0", "b": "2.0"}
+
+
+def test_the_collective_is_compared_with_the_nic_its_launch_names_first():
+    """--network-interface eth1 makes eth1 the collective's NIC, though eth0 sorts first among those measured."""
+    hosts = ["h1", "h2", "h3"]
+    links = matrix(hosts, "eth0", fast=5000.0) + matrix(hosts, "eth1", slow_host="h2")
+    r = PerfResult(hosts, ["eth0", "eth1"], links)
+    assert collective_prediction(r) > 2000 and prediction_nic(r) == "eth0"
+    r = PerfResult(hosts, ["eth0", "eth1"], links, collective_nic="eth1")
+    assert collective_prediction(r) == 40.0 and prediction_nic(r) == "eth1"
+    assert perf_json(r, [])["collective"]["predicted_nic"] == "eth1"

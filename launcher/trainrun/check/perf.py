@@ -135,7 +135,8 @@ def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
     seconds = link_seconds(cfg.perf_time, len(rounds), len(nics), len(hosts), collective)
     reserve = COLLECTIVE_ESTIMATE_S if collective else 0.0
     deadline = t_start + cfg.perf_time - reserve if cfg.perf_time else None
-    result = PerfResult(hosts, nics, versions=versions_table(facts), rounds=len(rounds), seconds_per_direction=seconds)
+    result = PerfResult(hosts, nics, versions=versions_table(facts), rounds=len(rounds), seconds_per_direction=seconds,
+                        collective_nic=(cfg.network_interface or "").split(",")[0])
     progress = Progress()
     token = secrets.token_hex(16)
     benches: dict[str, Bench] = {}

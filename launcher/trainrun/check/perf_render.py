@@ -17,6 +17,7 @@ from trainrun.check.perf_verdict import (
     exclude_advice,
     link_matrix,
     link_reference,
+    prediction_nic,
 )
 from trainrun.table import render_table
 
@@ -98,11 +99,12 @@ def render_perf(r: PerfResult, found: list[Finding], color: bool = False) -> lis
         out += ["", "Allreduce over the job's plan"]
         pred = collective_prediction(r)
         if r.collective:
-            out += render_table(("SIZE", "TIME", "BUS BW", f"OF SLOWEST LINK ON {r.nics[0]}" if r.nics else "OF SLOWEST LINK"), [
+            nic = prediction_nic(r)
+            out += render_table(("SIZE", "TIME", "BUS BW", f"OF SLOWEST LINK ON {nic}" if nic else "OF SLOWEST LINK"), [
                 (f"{c.size_bytes >> 10} KiB", f"{c.seconds * 1e3:.2f} ms", f"{c.busbw_mbps:.0f} Mb/s",
                  f"{c.busbw_mbps / pred:.0%}" if pred else "?") for c in r.collective], "  ")
             if pred:
-                out.append(f"  the slowest link on {r.nics[0]} predicts at most {pred:.0f} Mb/s of bus bandwidth (ring allreduce)")
+                out.append(f"  the slowest link on {nic} predicts at most {pred:.0f} Mb/s of bus bandwidth (ring allreduce)")
         else:
             out.append(f"  {r.collective_error}")
     out.append("")
@@ -136,6 +138,6 @@ def perf_json(r: PerfResult, found: list[Finding]) -> dict:
         "compute": [asdict(s) for s in r.host_samples],
         "versions": r.versions,
         "collective": {"samples": [asdict(c) for c in r.collective], "error": r.collective_error,
-                       "predicted_mbps": collective_prediction(r)},
+                       "predicted_mbps": collective_prediction(r), "predicted_nic": prediction_nic(r)},
         "skipped": r.skipped,
     }

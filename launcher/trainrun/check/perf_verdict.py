@@ -85,6 +85,7 @@ class PerfResult:
     wall_s: float = 0.0
     phases: dict = field(default_factory=dict)       # {phase: seconds}: start, clocks, compute, links, collective
     skipped: list[str] = field(default_factory=list)  # what the budget or a failure left out
+    collective_nic: str = ""    # the NIC the collective's launch names first (--network-interface); "": nics[0]
 
 
 def round_robin(hosts: list[str]) -> list[list[tuple[str, str]]]:
@@ -222,7 +223,7 @@ def collective_findings(r: PerfResult) -> list[Finding]:
         return []
     return [Finding("collective", "allreduce",
                     f"allreduce bus bandwidth {_fmt_mbps(best)} is {best / slowest:.0%} of the slowest link's "
-                    f"{_fmt_mbps(slowest)} on {r.nics[0]}",
+                    f"{_fmt_mbps(slowest)} on {prediction_nic(r)}",
                     "the MPI may use another NIC than measured, or the hosts' CPUs limit it", degrades=False)]
 
 
@@ -244,7 +245,13 @@ def exclude_advice(found: list[Finding]) -> str:
     return f"--exclude {','.join(hosts)}" if hosts else ""
 
 
+def prediction_nic(r: PerfResult) -> str:
+    """The NIC the collective is compared with: the one its launch names first in NCCL_SOCKET_IFNAME and its
+    kin (--network-interface's first, else the first routable NIC); "" when none was measured."""
+    return r.collective_nic or (r.nics[0] if r.nics else "")
+
+
 def collective_prediction(r: PerfResult) -> float | None:
-    """The bus bandwidth a ring allreduce could reach: the slowest measured link (Mb/s) on the job's first
-    NIC (the one a launch names first in NCCL_SOCKET_IFNAME and its kin)."""
-    return min((s.mbps for s in r.links if s.mbps and r.nics and s.nic == r.nics[0]), default=None)
+    """The bus bandwidth a ring allreduce could reach: the slowest measured link (Mb/s) on prediction_nic."""
+    nic = prediction_nic(r)
+    return min((s.mbps for s in r.links if s.mbps and nic and s.nic == nic), default=None)
