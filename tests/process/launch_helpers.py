@@ -92,3 +92,33 @@ def assert_one_line_error(run: Run, code: int, *needles: str) -> str:
     for needle in needles:
         assert needle in err, f"{needle!r} not in {err!r}"
     return err
+
+
+def procs_with(token: str) -> list[int]:
+    """Live processes anywhere on the machine whose command line contains `token` (not this one)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                hit = token.encode() in f.read()
+        except OSError:
+            continue
+        if hit and alive(int(name)):
+            out.append(int(name))
+    return out
+
+
+def assert_none_with(token: str, timeout: float = 5.0, what: str = "processes of the job") -> None:
+    """Assert no live process has `token` in its command line within `timeout`; survivors are SIGKILLed
+    first so a failing test leaves nothing running on the box."""
+    deadline = time.monotonic() + timeout
+    while (left := procs_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    assert not left, f"{what} still running {timeout}s after the launcher ended: {left}"

@@ -4,7 +4,8 @@ import sys
 import time
 
 import pytest
-from launch_helpers import alive, all_pids, assert_all_gone, wait_for_pidfiles, worker
+from trainrun.run.watchdog import POLL_S
+from launch_helpers import alive, all_pids, assert_all_gone, assert_none_with, procs_with, wait_for_pidfiles, worker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,3 +148,26 @@ def test_second_sigint_skips_grace(start_trainrun, tmp_path):
     proc.communicate(timeout=TEARDOWN_S)
     assert proc.returncode == 130
     assert_all_gone(all_pids(recs), TEARDOWN_S)
+
+
+@pytest.mark.parametrize("end", ["ok", "fail", "launcher-sigkill"])
+def test_processes_without_the_jobs_environment_are_killed(start_trainrun, end):
+    """Each rank leaves an `env -i setsid` sleeper and a double-forked daemon with an empty environment
+    (no mark for the /proc environ sweep, re-parented away from the rank): none of them outlives the job,
+    whether it succeeds, fails, or its launcher is SIGKILLed (then the watchdog ends them: it saw them
+    adopted by the launcher, a child subreaper). This test process is a subreaper too (conftest.py): the
+    orphans of a SIGKILLed launcher come here, so they are counted by their token, not by their parent."""
+    import uuid
+
+    token = f"esc{uuid.uuid4().hex[:8]}"
+    proc = start_trainrun("-np", 2, sys.executable, worker("escapees.py"), token,
+                          "sleep" if end == "launcher-sigkill" else end)
+    if end == "launcher-sigkill":
+        for _ in range(2):
+            assert proc.stdout.readline().endswith(b"up 2\n")
+        assert len(procs_with(token)) >= 6  # 2 ranks, 2 x (setsid sleeper, daemon)
+        time.sleep(2 * POLL_S)  # the watchdog sees an adopted orphan within POLL_S (its documented limit)
+        proc.kill()
+    proc.communicate(timeout=JOB_S)
+    assert proc.returncode == {"ok": 0, "fail": 3, "launcher-sigkill": -9}[end]
+    assert_none_with(token, TEARDOWN_S, "escaped processes of the job")

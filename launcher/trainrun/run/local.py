@@ -11,9 +11,11 @@ thread (py-spy or that faulthandler, diag/stacks.py) and reports them from the l
 with the wall-clock time they were reaped and, for a SIGKILL, the OOM verdict (oom.py).
 
 Cleanup contract: `signal()` reaches each live rank's whole process group; `kill()` SIGKILLs every
-group the ranks ever had (grandchildren included), then every process of the job on this host that
-left them (setsid and the like: found by the job's mark in their environment, reaper.py) until none is
-left; the Watchdog does the same if the owner dies.
+group the ranks ever had, then the whole tree below the ranks and below the orphans of the job this
+process adopted (it makes itself a child subreaper at `start`, so a double-forked `env -i` daemon stays
+its child; reaper.py), then every process of the job on this host found by the job's mark in its
+environment, until none is left; the Watchdog does the same if the owner dies. Orphans of the job that
+end while it runs are reaped (`tick`), so they do not linger as zombies.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at ru
     from trainrun.run.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
+REAP_EVERY = 1.0  # seconds between looks for adopted orphans that ended (zombies to reap)
 
 
 def core_sets() -> list[set[int]]:
@@ -61,7 +64,10 @@ def host_env(spec: ProcessSpec, base: dict[str, str], cpus: int) -> dict[str, st
     # large arrays: MPI's shared-memory copies of a 16 MiB tensor run ~1.3x faster on them
     # (docs/benchmarks/allreduce.md). Set it to 0 to keep torch's default.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
-    return env
+    # `import horovod.torch` gives trainrun's modules: this host's shim dir first on PYTHONPATH (_horovod)
+    from trainrun._horovod import rank_env as with_horovod_shim
+
+    return with_horovod_shim(env)
 
 
 class _Rank:
@@ -96,11 +102,19 @@ class LocalRanks:
         self._dumps: list[tuple[int, list]] = []  # finished dumps, handed from their thread to the loop
         self._dump_lock = threading.Lock()
         self._wake: tuple[int, int] | None = None
+        self._since = 0  # clock ticks since boot when start() began: the job's processes are younger
+        self._helpers: set[int] = set()  # our own children in another session that are not the job's (watchdog)
+        self._next_reap = 0.0
 
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
         self.events = events
+        from trainrun.run import reaper
         from trainrun.run.oom import OomWatch
+
+        reaper.become_subreaper()
+        self._since = reaper.ticks_now()
+        self._helpers = {watchdog.pid}
 
         self._oom = OomWatch()
         self._wake = os.pipe()
@@ -262,9 +276,25 @@ class LocalRanks:
         self.events.on_exit(rank.spec.rank, rank.returncode, rank.exit_info)
 
     def tick(self, now: float) -> None:
-        """Report exits whose pipes are still held open by a rank's children after EXIT_LINGER."""
+        """Report exits whose pipes are still held open by a rank's children after EXIT_LINGER; reap the
+        job's orphans that ended (every REAP_EVERY s)."""
         for rank in self.ranks.values():
             self._maybe_report(rank, now)
+        if now >= self._next_reap and self.ranks:
+            self._next_reap = now + REAP_EVERY
+            self._reap_orphans()
+
+    def _orphans(self, procs=None) -> list:
+        """The job's processes this process adopted (children in a rank's session or one of their own)."""
+        from trainrun.run import reaper
+
+        ranks = {r.proc.pid for r in self.ranks.values()}
+        return reaper.adopted(os.getpid(), self._since, self._helpers | ranks, procs)
+
+    def _reap_orphans(self) -> None:
+        from trainrun.run import reaper
+
+        reaper.reap_adopted(p.pid for p in self._orphans() if p.state in "ZX")
 
     @property
     def running(self) -> int:
@@ -277,17 +307,24 @@ class LocalRanks:
                 _killpg(rank.proc.pid, sig)
 
     def kill(self) -> None:
-        """SIGKILL every process group the ranks had, then every process of the job on this host that left
-        them, until none is left: nothing of the job survives."""
+        """SIGKILL every process group the ranks had, the trees below the ranks and the job's adopted
+        orphans, then every process of the job on this host carrying its mark, until none is left: nothing
+        of the job survives."""
+        if not self._pgids:
+            return
+        from trainrun.run import reaper
+
         for pgid in self._pgids:
             _killpg(pgid, signal.SIGKILL)
-        if self._job_id and self._pgids:
-            from trainrun.run import reaper
-
-            left = reaper.sweep(self._job_id, self._hosts)
-            if left:
-                log.warning("%d process(es) of job %s on %s survived SIGKILL: %s", len(left), self._job_id,
-                            ",".join(self._hosts), left)
+        # a reaped rank's pid may be another process's by now: only unreaped ones (zombies hold their pid)
+        roots = {r.proc.pid for r in self.ranks.values() if r.proc.returncode is None} | {p.pid for p in self._orphans()}
+        left = reaper.kill_tree(roots, spare=self._helpers)
+        if self._job_id:
+            left += reaper.sweep(self._job_id, self._hosts)
+        self._reap_orphans()
+        if left:
+            log.warning("%d process(es) of job %s on %s survived SIGKILL: %s", len(left), self._job_id,
+                        ",".join(self._hosts), sorted(set(left)))
 
     def close(self, sel: selectors.BaseSelector) -> None:
         """Release pipes and sockets (after kill); reaps ranks that were never reaped."""

@@ -1,24 +1,38 @@
-"""Every process of a job on this host, found by the job's mark in its environment, and killed.
+"""Every process of a job on this host, found two ways, and killed: by the job's mark in its environment,
+and by the process tree below the process that owns the ranks (a child subreaper).
 
-Killing the ranks' process groups misses descendants that left them (`setsid`, `start_new_session=True`:
-daemonizing helpers, some data-loader and compile workers); they are re-parented to init and survive.
-Every rank is started with TRAINRUN_JOB_ID and TRAINRUN_HOSTNAME in its environment and a process's
-initial environment is inherited by everything it starts, so `/proc/PID/environ` names the job's
-processes wherever they went. The host name is part of the mark because several simulated hosts may
-share one PID namespace (the test bed): an owner kills its own host's share of the job only.
+**The mark.** Killing the ranks' process groups misses descendants that left them (`setsid`,
+`start_new_session=True`: daemonizing helpers, some data-loader and compile workers). Every rank is started
+with TRAINRUN_JOB_ID and TRAINRUN_HOSTNAME in its environment and a process's initial environment is
+inherited by everything it starts, so `/proc/PID/environ` names the job's processes wherever they went. The
+host name is part of the mark because several simulated hosts may share one PID namespace (the test bed):
+an owner kills its own host's share of the job only.
 
-Limits: a descendant started with a cleared environment (`env -i`, `execve(..., envp={})`) carries no
-mark; processes of other users are unreadable unless we are root. cgroup v2 would close both gaps; this
-code does not need it (cgroup v1 machines).
+**The tree.** A descendant started with a cleared environment (`env -i`, `execve(..., envp={})`) carries no
+mark. The owner of the ranks (the launcher for its host, the agent elsewhere) makes itself a child
+subreaper (`become_subreaper`): an orphan below it is re-parented to it, not to init, so every process the
+ranks ever started is either below a live rank or a child of the owner. Those adopted children are told
+from the owner's own helpers by their session: ranks start new sessions and nothing below them can rejoin
+the owner's (`adopted`). `kill_tree` stops a whole tree first (a stopped process cannot fork), then kills
+it, so nothing slips out between the walk and the kill even when the killer is not its ancestor (the
+watchdog, the launcher's fresh-connection sweep).
+
+`python -m trainrun.run.reaper JOB_ID HOST [AGENT_PID:START]`: what the launcher runs over a fresh
+connection on a host whose agent went silent: kill the agent's whole tree (the agent included, if it is
+still the process that started at START) and every process with the job's mark; exit 0 when nothing is
+left, 1 otherwise (the survivors on stdout).
 """
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 SWEEP_WAIT_S = 2.0
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _marks(job_id: str, hosts: Iterable[str]) -> tuple[bytes, set[bytes]]:
@@ -60,3 +74,154 @@ def sweep(job_id: str, hosts: Iterable[str], wait: float = SWEEP_WAIT_S) -> list
             except OSError:
                 pass
         time.sleep(0.01)
+
+
+# --- the process tree -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Proc:
+    """One line of /proc/PID/stat: `start` is the start time in clock ticks since boot (a pid with another
+    start time is another process)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start: int
+
+
+def stat(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2:].split()
+        return Proc(pid, int(rest[1]), int(rest[2]), int(rest[3]), rest[0].decode(), int(rest[19]))
+    except (ValueError, IndexError):
+        return None
+
+
+def table() -> dict[int, Proc]:
+    """Every process this one can see, by pid."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (p := stat(int(name))) is not None:
+            out[p.pid] = p
+    return out
+
+
+def descendants(roots: Iterable[int], procs: dict[int, Proc]) -> set[int]:
+    """`roots` (those that exist) and everything below them in `procs`."""
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = set(), [r for r in roots if r in procs]
+    while todo:
+        pid = todo.pop()
+        if pid not in out:
+            out.add(pid)
+            todo += children.get(pid, ())
+    return out
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux >= 3.4): orphans below it come to it, not to init."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def ticks_now() -> int:
+    """Now, in the unit and clock of Proc.start (clock ticks since boot), rounded down."""
+    with open("/proc/uptime") as f:
+        return int(float(f.read().split()[0]) * os.sysconf("SC_CLK_TCK")) - 1
+
+
+def adopted(owner: int, since: int, skip: Iterable[int] = (), procs: dict[int, Proc] | None = None) -> list[Proc]:
+    """Children of `owner` (a subreaper) that came from its ranks: another session than the owner's (ranks
+    start their own; nothing below them can rejoin the owner's), started at or after `since` (clock ticks),
+    not in `skip` (the owner's own helpers in another session: its watchdog)."""
+    procs = table() if procs is None else procs
+    me = procs.get(owner) or stat(owner)
+    if me is None:
+        return []
+    skip = set(skip)
+    return [p for p in procs.values() if p.ppid == owner and p.sid != me.sid and p.start >= since and p.pid not in skip]
+
+
+def kill_tree(roots: Iterable[int], wait: float = SWEEP_WAIT_S, spare: Iterable[int] = ()) -> list[int]:
+    """SIGSTOP `roots` and everything below them until the tree stops growing, then SIGKILL it all; again
+    until nothing of it is alive (orphans of a killed process go to its subreaper, which may be one of the
+    roots). `spare`: pids never signalled. Returns the live pids left after `wait` s: [] is the promise kept."""
+    roots, spare = set(roots), set(spare) | {os.getpid()}
+    deadline = time.monotonic() + wait
+    seen: dict[int, int] = {}  # pid -> start: killed ones whose orphans went elsewhere are still followed
+    while True:
+        stopped: set[int] = set()
+        while True:
+            procs = table()
+            known = {pid for pid, start in seen.items() if pid in procs and procs[pid].start == start}
+            tree = {p for p in descendants(roots | known, procs) - spare if procs[p].state not in "ZX"}
+            new = tree - stopped
+            if not new:
+                break
+            for pid in new:
+                _signal(pid, signal.SIGSTOP)
+                seen[pid] = procs[pid].start
+            stopped |= new
+        if not tree or time.monotonic() > deadline:
+            return sorted(tree)
+        for pid in tree:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def reap_adopted(owner_children: Iterable[int]) -> None:
+    """Reap zombie children of this process in `owner_children` (adopted orphans that ended: nobody else
+    waits for them). Only pids named: waiting for any child would steal the exit status of our own."""
+    for pid in owner_children:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+# --- the fresh-connection sweep (python -m trainrun.run.reaper) -------------------------------------
+
+def sweep_host(job_id: str, host: str, agent: str | None) -> list[int]:
+    """Kill the tree of the agent `agent` ("PID:START", if that process still is the one that started then)
+    and every process with the job's mark on `host`; the pids left."""
+    roots = set()
+    if agent:
+        pid, _, start = agent.partition(":")
+        p = stat(int(pid))
+        if p is not None and str(p.start) == start:
+            roots.add(p.pid)
+    left = kill_tree(roots) if roots else []
+    return sorted(set(left) | set(sweep(job_id, [host])))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (2, 3):
+        print("usage: python -m trainrun.run.reaper JOB_ID HOST [AGENT_PID:START]", file=sys.stderr)
+        return 2
+    left = sweep_host(argv[0], argv[1], argv[2] if len(argv) == 3 else None)
+    print(" ".join(map(str, left)) if left else "clean", flush=True)
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

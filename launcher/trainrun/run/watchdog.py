@@ -1,16 +1,28 @@
-"""A guardian that kills the job's process groups if the process that owns them dies.
+"""A guardian that kills the job's processes on this host if the process that owns them dies (or, for an
+agent, stays stopped).
 
 Ranks run in their own sessions, so nothing kills them when their launcher (or agent) is SIGKILLed.
 `Watchdog()` forks a tiny child in its own session that holds the read end of a pipe; the owner writes
-each rank's process group to it, and the job's mark (reaper.py). If the owner dies, the pipe reaches
-EOF and the child SIGKILLs every group it was told about (grandchildren of the ranks included), then
-every process carrying the mark (those that left the groups). `close()` tells it the job ended
-cleanly. Fork it before any rank starts, so it inherits nothing but the pipe.
+each rank's process group to it, and the job's mark (reaper.py). The owner is a child subreaper
+(reaper.become_subreaper), so processes of the job that left their ranks' trees (double forks, `env -i
+setsid` daemons: no mark, no group) are its children; once the owner dies they are re-parented elsewhere
+and look like anyone's. So the guardian looks at the owner's adopted children every POLL_S seconds and
+remembers them (pid and start time). If the owner dies, the pipe reaches EOF and the guardian stops and
+SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
+ranks' whole trees), then every process carrying the mark. `close()` tells it the job ended cleanly.
+
+`stop_limit(s)` (agents): also do all that, and SIGKILL the owner, when the owner has been stopped
+(SIGSTOP, state T) for `s` seconds: a stopped agent cannot act on a launcher's silence, and the
+launcher may be gone. Fork it before any rank starts, so it inherits nothing but the pipe.
 """
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
+
+POLL_S = 0.5
 
 
 class Watchdog:
@@ -30,6 +42,10 @@ class Watchdog:
         """Also kill every process of job `job_id` on `hosts` (reaper.py) if the owner dies."""
         os.write(self._w, ("j" + "\t".join([job_id, *hosts]) + "\n").encode())
 
+    def stop_limit(self, seconds: float) -> None:
+        """Also act (and kill the owner) once the owner has been stopped for `seconds`."""
+        os.write(self._w, b"s%f\n" % seconds)
+
     def close(self) -> None:
         """The owner cleaned up itself: the guardian exits without killing anything."""
         if self._w is None:
@@ -45,6 +61,7 @@ class Watchdog:
 
 def _guard(r: int) -> None:
     try:
+        owner = os.getppid()
         os.setsid()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
@@ -53,28 +70,56 @@ def _guard(r: int) -> None:
             os.dup2(null, fd)
         os.closerange(3, r)
         os.closerange(r + 1, 65536)
+        from trainrun.run import reaper
+
+        me = reaper.stat(os.getpid())
+        since = me.start if me else 0  # forked before any rank: the job's processes are younger
         groups, marks, buf = set(), set(), b""
+        adopted: dict[int, int] = {}  # pid -> start of the owner's adopted children seen so far
+        limit, stopped_since, kill_owner = None, None, False
         while True:
-            data = os.read(r, 4096)
-            if not data:
-                break
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                if line == b"x":
-                    os._exit(0)
-                if line.startswith(b"j"):
-                    marks.add(tuple(line[1:].decode().split("\t")))
-                else:
-                    groups.add(int(line[1:]))
+            if select.select([r], [], [], POLL_S)[0]:
+                data = os.read(r, 4096)
+                if not data:
+                    break
+                buf += data
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line == b"x":
+                        os._exit(0)
+                    if line.startswith(b"j"):
+                        marks.add(tuple(line[1:].decode().split("\t")))
+                    elif line.startswith(b"s"):
+                        limit = float(line[1:])
+                    else:
+                        groups.add(int(line[1:]))
+            if not groups:
+                continue
+            procs = reaper.table()
+            for p in reaper.adopted(owner, since, (os.getpid(),), procs):
+                adopted[p.pid] = p.start
+            state = procs[owner].state if owner in procs else None
+            if state is None or os.getppid() != owner:  # gone (EOF follows at once) or re-parented
+                continue
+            if limit is not None and state in "Tt":
+                stopped_since = stopped_since or time.monotonic()
+                if time.monotonic() - stopped_since >= limit:
+                    kill_owner = True
+                    break
+            else:
+                stopped_since = None
+        procs = reaper.table()
+        roots = {pid for pid, start in adopted.items() if pid in procs and procs[pid].start == start}
+        roots |= {p.pid for p in procs.values() if p.pgid in groups}
+        if kill_owner:  # freeze the owner too: it must not start anything while its tree goes
+            roots.add(owner)
+        reaper.kill_tree(roots)
         for pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
-        from trainrun.run.reaper import sweep
-
         for job_id, *hosts in marks:
-            sweep(job_id, hosts)
+            reaper.sweep(job_id, hosts)
     finally:
         os._exit(0)
