@@ -1,7 +1,8 @@
 """`python -m trainrun.mpi.ompi_rank COUNTS JOB PROGRAM...`: what mpirun starts for each rank of an
 Open MPI job (openmpi.py). It reads the rank's place from Open MPI (OMPI_COMM_WORLD_*), builds the same
 RankAssignment trainrun's placement would (`COUNTS`: ranks per node, "2 2 1"; block placement), sets the
-env contract with envcontract.rank_env (`JOB`: JobInfo.to_arg()), and execs PROGRAM.
+env contract with envcontract.rank_env (`JOB`: JobInfo.to_arg()) and the horovod shim's PYTHONPATH
+(trainrun/_horovod), and execs PROGRAM.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import socket
 import sys
 
+from trainrun._horovod import rank_env as with_horovod_shim
 from trainrun.plan.envcontract import JobInfo, rank_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import RankAssignment, cross_coords
@@ -39,6 +41,7 @@ def main(argv: list[str]) -> int:
     counts = [int(c) for c in argv[0].split()]
     env = rank_env(assignment_from_ompi(os.environ, counts), JobInfo.from_arg(argv[1]))
     os.environ.update(env)
+    os.environ.update(with_horovod_shim(dict(os.environ)))  # `import horovod` gives trainrun's (_horovod)
     os.execvp(argv[2], argv[2:])
     return 127  # not reached: execvp raises when the program is missing
 
