@@ -126,3 +126,37 @@ def test_check_gpu_summary_and_shortage():
     problems, _ = evaluate(hosts, [], {"h": 2}, gpus_per_proc=1, **kw)
     assert "2 GPU(s) needed" in problems[0]
     assert evaluate(hosts, [], {"h": 2}, gpus_per_proc=1, **{**kw, "allow_gpu_sharing": True}) == ([], [])
+
+
+def test_plan_memory_is_linear_in_ranks():
+    """Every rank's TF_CONFIG lists every worker: built eagerly per rank, a plan of N ranks held N^2 bytes
+    (before: 3 GB for 16000 ranks, ~450 MB for the 5000 here). Now they share one JobEnv and build on read."""
+    import tracemalloc
+
+    n = 5000
+    a = assign_ranks([HostSpec(f"n{i}", 8) for i in range(n // 8 + 1)], n)
+    job = JobInfo("j", "10.0.0.1", 1, tf_workers=tuple(f"10.0.{i // 250}.{i % 250}:2222" for i in range(n)))
+    tracemalloc.start()
+    try:
+        plan = build_plan(a, job, ("python", "t.py"), "/w", {"FOO": "1"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"planning {n} ranks took {peak >> 20} MiB"
+    assert all(p.env.shared is plan.procs[0].env.shared for p in plan.procs)
+    for r in (0, 1234, n - 1):
+        got = dict(plan.procs[r].env)
+        assert got == {**rank_env(a[r], job), "FOO": "1"}
+        assert json.loads(got["TF_CONFIG"])["task"]["index"] == r and len(json.loads(got["TF_CONFIG"])["cluster"]["worker"]) == n
+
+
+def test_rank_env_map_reads_like_the_dict():
+    """What the effects do with a plan's env (`in`, get, items, {**env}) sees exactly rank_env plus -x, -x winning."""
+    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 2)], 4, gpu_pools={"b": (0, 1)})
+    job = JobInfo("j", "x", 1, nics=("eth1",), isolate_gpus=True, slurm=True, tf_workers=("a:1", "a:2", "b:1", "b:2"))
+    plan = build_plan(a, job, ("p",), "/w", {"UCX_NET_DEVICES": "mine"})
+    env = plan.procs[3].env
+    want = {**rank_env(a[3], job), "UCX_NET_DEVICES": "mine"}
+    assert {**env} == dict(env.items()) == want and len(env) == len(want) and sorted(env) == sorted(want)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["SLURM_PROCID"] == "3" and "TF_CONFIG" in env
+    assert "CUDA_VISIBLE_DEVICES" not in plan.procs[0].env and env.get("NOPE") is None

@@ -77,3 +77,55 @@ def test_one_host_under_two_logins_is_a_usage_error():
         parse_hosts_arg("alice@h1:1,bob@h1:1")
     with pytest.raises(UsageError, match=r"f:2: host 'h1' is listed twice"):
         parse_hostfile_text("alice@h1 slots=1\nbob@h1 slots=1\n", "f")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("a..b:2", "'a..b' is not a valid host name: an empty label"),
+    (".a", "'.a' is not a valid host name: an empty label"),
+    ("a" * 64 + ":2", "is 64 characters (at most 63)"),
+    (".".join(["a" * 60] * 5), "(304 characters; at most 253)"),
+    ("-a:1", "label '-a' starts or ends with '-'"),
+    ("node-:1", "label 'node-' starts or ends with '-'"),
+    ("10.0.0.256:2", "'10.0.0.256' is not a valid IPv4 address"),
+    ("1.2.3:2", "'1.2.3' is not a valid IPv4 address"),
+    ("[fe80::1::2]:2", "'[fe80::1::2]' is not an IPv6 address"),
+    ("user@a..b", "'a..b' is not a valid host name"),
+])
+def test_host_names_are_checked_as_dns_names_or_addresses(text, fragment):
+    """Before: these reached the resolver and crashed in the idna codec (a 55-line UnicodeError traceback)."""
+    with pytest.raises(UsageError) as err:
+        parse_hosts_arg(text)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"-H entry '{text}': ")
+
+
+@pytest.mark.parametrize("name", ["a" * 63, "node_1", "my_service.internal", "h1.example.com.", "n-1.x-2", "1a", "a1.b2.c3"])
+def test_valid_names_pass(name):
+    assert parse_hosts_arg(f"{name}:2") == [HostSpec(name, 2)]
+
+
+def test_a_bad_name_in_a_hostfile_names_file_and_line():
+    with pytest.raises(UsageError) as err:
+        parse_hostfile_text("good slots=2\n\nbad..name slots=2\n", "hf")
+    assert str(err.value).startswith("hf:3: 'bad..name' is not a valid host name")
+
+
+def test_slots_above_the_rank_cap_are_refused(monkeypatch):
+    """Before: -H h1:1000000000 planned a billion ranks (memory grew ~100 MB every 5 s)."""
+    from trainrun.plan.limits import MAX_RANKS
+
+    with pytest.raises(UsageError, match=f"slots 1000000000 is more than the {MAX_RANKS} ranks a job may have"):
+        parse_hosts_arg("h1:1000000000")
+    assert parse_hosts_arg(f"h1:{MAX_RANKS}") == [HostSpec("h1", MAX_RANKS)]
+    monkeypatch.setenv("TRAINRUN_MAX_RANKS", "100")
+    with pytest.raises(UsageError, match="more than the 100 ranks"):
+        parse_hostfile_text("h1 slots=101\n", "hf")
+
+
+def test_hostfile_byte_order_mark_is_skipped(tmp_path):
+    from trainrun.plan.hosts import read_hostfile
+
+    path = tmp_path / "hosts"
+    path.write_bytes(b"\xef\xbb\xbfnode1 slots=2\nnode2 slots=2\n")
+    assert read_hostfile(str(path)) == [HostSpec("node1", 2), HostSpec("node2", 2)]
+    assert parse_hostfile_text("\ufeffnode1:2\n", "hf") == [HostSpec("node1", 2)]

@@ -79,3 +79,23 @@ def test_shares_gpus():
     assert not shares_gpus(one_each)  # the same id on two hosts is two GPUs
     shared = assign_ranks([H("a", 2)], 2, gpu_pools={"a": (0,)}, allow_gpu_sharing=True)
     assert [x.gpus for x in shared] == [(0,), (0,)] and shares_gpus(shared)
+
+
+def test_np_above_the_cap_is_refused_at_once(monkeypatch):
+    """Before: -np 10**9 --oversubscribe was handed out one rank at a time (and then planned)."""
+    from trainrun.plan.limits import MAX_RANKS
+
+    with pytest.raises(UsageError, match=f"-np 1000000000: a job may have at most {MAX_RANKS} ranks"):
+        ranks_per_host([H("a", 1)], 10**9, oversubscribe=True)
+    monkeypatch.setenv("TRAINRUN_MAX_RANKS", str(10**9))
+    assert ranks_per_host([H("a", 1), H("b", 2)], 10**9, oversubscribe=True) == [500000000, 500000000]
+
+
+@pytest.mark.parametrize("slots, np", [([3, 1, 2, 5, 2], 13), ([1] * 7, 7), ([4, 4], 13), ([2, 5, 1], 20)])
+def test_cross_coords_match_the_definition(slots, np):
+    """assign_ranks counts cross ranks in one pass; they must equal cross_coords' definition."""
+    from trainrun.plan.placement import cross_coords
+
+    out = assign_ranks([H(f"h{i}", s) for i, s in enumerate(slots)], np, oversubscribe=True)
+    counts = [c for c in ranks_per_host([H(f"h{i}", s) for i, s in enumerate(slots)], np, True) if c]
+    assert [(a.cross_rank, a.cross_size) for a in out] == [cross_coords(counts, a.node_rank, a.local_rank) for a in out]

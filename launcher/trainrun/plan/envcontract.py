@@ -1,12 +1,14 @@
 """The per-rank environment contract (docs/architecture.md): RankAssignment -> env, and back for the runtime. Pure.
 
-`rank_env` is everything trainrun adds to a rank's environment; `read_rank_env` is what the runtime
-(`trainrun.torch` etc.) reads back. Host-side facts (OMP_NUM_THREADS from the host's cores, PMI_FD)
+`rank_env` is everything trainrun adds to a rank's environment (a plan holds it as a RankEnvMap: the job's
+shared JobEnv plus the rank's numbers, built when read, so planning stays linear in the ranks);
+`read_rank_env` is what the runtime (`trainrun.torch` etc.) reads back. Host-side facts (OMP_NUM_THREADS from the host's cores, PMI_FD)
 are added where the process starts (run/local.py), since only that host knows them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from trainrun.plan.coords import RankCoords
 from trainrun.plan.placement import RankAssignment
@@ -40,50 +42,111 @@ class JobInfo:
         return cls(job_id, addr, int(port), tuple(nics), bool(isolate), bool(slurm), gpu_operations=gpu_operations)
 
 
-def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
-    """The variables trainrun sets for rank `a` (all values are strings)."""
-    env = {
-        "RANK": a.rank,
-        "WORLD_SIZE": a.size,
-        "LOCAL_RANK": a.local_rank,
-        "LOCAL_WORLD_SIZE": a.local_size,
-        "NODE_RANK": a.node_rank,
-        "NNODES": a.nnodes,
-        "MASTER_ADDR": job.master_addr,
-        "MASTER_PORT": job.master_port,
-        "TRAINRUN_RANK": a.rank,
-        "TRAINRUN_SIZE": a.size,
-        "TRAINRUN_LOCAL_RANK": a.local_rank,
-        "TRAINRUN_LOCAL_SIZE": a.local_size,
-        "TRAINRUN_CROSS_RANK": a.cross_rank,
-        "TRAINRUN_CROSS_SIZE": a.cross_size,
-        "TRAINRUN_HOSTNAME": a.host.name,
-        "TRAINRUN_JOB_ID": job.job_id,
-    }
-    if a.gpus:
-        env["TRAINRUN_GPUS"] = ",".join(map(str, a.gpus))
-        if job.isolate_gpus:
-            env["CUDA_VISIBLE_DEVICES"] = env["TRAINRUN_GPUS"]
+@dataclass(frozen=True)
+class JobEnv:
+    """What every rank's environment shares, built once per plan: the job-wide variables, the user's -x
+    exports (they win over anything derived, e.g. the NIC choice) and TF_CONFIG's worker list as one JSON
+    prefix. Sharing it keeps a plan linear in its ranks: each rank's env is a RankEnvMap over it."""
+
+    job: JobInfo
+    common: dict[str, str]
+    exported: dict[str, str]
+    tf_prefix: str = ""  # TF_CONFIG up to the task index; "" without tf_workers
+
+
+def job_env(job: JobInfo, size: int, nnodes: int, exported: dict[str, str] | None = None) -> JobEnv:
+    """The shared part of every rank's env for a job of `size` ranks on `nnodes` hosts."""
+    common = {"WORLD_SIZE": size, "NNODES": nnodes, "MASTER_ADDR": job.master_addr, "MASTER_PORT": job.master_port,
+              "TRAINRUN_SIZE": size, "TRAINRUN_JOB_ID": job.job_id}
     if job.gpu_operations:
-        env["TRAINRUN_GPU_OPERATIONS"] = job.gpu_operations
+        common["TRAINRUN_GPU_OPERATIONS"] = job.gpu_operations
     if job.slurm:
         # Programs that read Slurm's variables (Lightning, submitit, hand-written srun scripts) see the same world
         # as the contract, not the one-task step an agent runs in or the launcher's allocation.
-        env.update(SLURM_PROCID=a.rank, SLURM_LOCALID=a.local_rank, SLURM_NODEID=a.node_rank, SLURM_NTASKS=a.size,
-                   SLURM_NPROCS=a.size)
-    if job.tf_workers:
-        env["TF_CONFIG"] = tf_config(job.tf_workers, a.rank)
+        common.update(SLURM_NTASKS=size, SLURM_NPROCS=size)
     if job.nics:
         nics = ",".join(job.nics)
-        env.update(NCCL_SOCKET_IFNAME=nics, GLOO_SOCKET_IFNAME=nics, UCX_NET_DEVICES=nics)
-    return {k: str(v) for k, v in env.items()}
+        common.update(NCCL_SOCKET_IFNAME=nics, GLOO_SOCKET_IFNAME=nics, UCX_NET_DEVICES=nics)
+    prefix = tf_config(job.tf_workers, 0).removesuffix(_TF_TASK_END.format(0)) if job.tf_workers else ""
+    return JobEnv(job, {k: str(v) for k, v in common.items()}, dict(exported or {}), prefix)
+
+
+# Each rank's own variables: name -> (whether the rank has it, its value). Looked up one name at a time.
+_PER_RANK = {
+    "RANK": (None, lambda a: a.rank),
+    "LOCAL_RANK": (None, lambda a: a.local_rank),
+    "LOCAL_WORLD_SIZE": (None, lambda a: a.local_size),
+    "NODE_RANK": (None, lambda a: a.node_rank),
+    "TRAINRUN_RANK": (None, lambda a: a.rank),
+    "TRAINRUN_LOCAL_RANK": (None, lambda a: a.local_rank),
+    "TRAINRUN_LOCAL_SIZE": (None, lambda a: a.local_size),
+    "TRAINRUN_CROSS_RANK": (None, lambda a: a.cross_rank),
+    "TRAINRUN_CROSS_SIZE": (None, lambda a: a.cross_size),
+    "TRAINRUN_HOSTNAME": (None, lambda a: a.host.name),
+    "TRAINRUN_GPUS": (lambda a, s: bool(a.gpus), lambda a: ",".join(map(str, a.gpus))),
+    "CUDA_VISIBLE_DEVICES": (lambda a, s: bool(a.gpus) and s.job.isolate_gpus, lambda a: ",".join(map(str, a.gpus))),
+    "SLURM_PROCID": (lambda a, s: s.job.slurm, lambda a: a.rank),
+    "SLURM_LOCALID": (lambda a, s: s.job.slurm, lambda a: a.local_rank),
+    "SLURM_NODEID": (lambda a, s: s.job.slurm, lambda a: a.node_rank),
+}
+_TF_TASK_END = "{}}}}}"  # what follows the index in tf_config's JSON: the task and the whole document closed
+
+
+class RankEnvMap(Mapping):
+    """The variables trainrun sets for one rank, built when read (when the rank starts, or a plan is printed),
+    never stored: the shared JobEnv plus this rank's numbers. A plan of N ranks holds N of these small objects,
+    not N copies of a TF_CONFIG that lists N workers."""
+
+    __slots__ = ("assignment", "shared")
+
+    def __init__(self, assignment: RankAssignment, shared: JobEnv):
+        self.assignment, self.shared = assignment, shared
+
+    def _has(self, key: str) -> bool:
+        entry = _PER_RANK.get(key)
+        return entry is not None and (entry[0] is None or entry[0](self.assignment, self.shared))
+
+    def __getitem__(self, key: str) -> str:
+        s = self.shared
+        if key in s.exported:
+            return s.exported[key]
+        if key in s.common:
+            return s.common[key]
+        if key == "TF_CONFIG" and s.tf_prefix:
+            return s.tf_prefix + _TF_TASK_END.format(self.assignment.rank)
+        if self._has(key):
+            return str(_PER_RANK[key][1](self.assignment))
+        raise KeyError(key)
+
+    def _keys(self) -> list[str]:
+        s = self.shared
+        own = [k for k in _PER_RANK if self._has(k)] + (["TF_CONFIG"] if s.tf_prefix else [])
+        return [*(k for k in own if k not in s.exported), *s.common.keys() - s.exported.keys(), *s.exported]
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def __contains__(self, key) -> bool:
+        s = self.shared
+        return key in s.exported or key in s.common or (key == "TF_CONFIG" and bool(s.tf_prefix)) or self._has(key)
+
+    def __repr__(self) -> str:
+        return f"RankEnvMap(rank {self.assignment.rank})"
+
+
+def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
+    """The variables trainrun sets for rank `a` (all values are strings), as one dict."""
+    return dict(RankEnvMap(a, job_env(job, a.size, a.nnodes)))
 
 
 def tf_config(workers: tuple[str, ...], index: int) -> str:
     """TF_CONFIG (JSON) for worker `index` of `workers`: what tf.distribute.MultiWorkerMirroredStrategy reads.
     Written by hand, not with json: the launch path does not import it (addresses and ports need no escaping)."""
     listed = ", ".join(f'"{w}"' for w in workers)
-    return f'{{"cluster": {{"worker": [{listed}]}}, "task": {{"type": "worker", "index": {index}}}}}'
+    return f'{{"cluster": {{"worker": [{listed}]}}, "task": {{"type": "worker", "index": ' + _TF_TASK_END.format(index)
 
 
 # What a remote rank inherits from the launcher's environment (a local rank inherits all of it).

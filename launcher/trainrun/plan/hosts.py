@@ -5,18 +5,28 @@ UsageError naming the entry, or `file:line` and the quoted line, and what to do.
 
 Accepted forms
     -H         host[:slots][,host[:slots]...]      user@host and [ipv6]:slots allowed
-    hostfile   `host slots=N`, `host:N`, `host` (1 slot), `# comments`, blank lines
+    hostfile   `host slots=N`, `host:N`, `host` (1 slot), `# comments`, blank lines; a UTF-8 BOM is skipped
+
+A host is a DNS name (dot-separated labels of 1-63 letters, digits, '-' and '_', no label starting or ending
+with '-', 253 characters at most, one trailing dot allowed), an IPv4 address (a name whose last label is all
+digits must be one) or an IPv6 address in brackets. '_' is allowed because ssh-config aliases and container
+service names use it and resolvers accept it. The name is checked as typed (an ssh-config alias too, before its
+HostName is looked up), so a bad one is a one-line usage error, never a resolver's traceback. Slots per host
+and the ranks of a job are capped (plan/limits.py).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
 
 from trainrun.errors import UsageError
+from trainrun.plan.limits import max_ranks
 
 _NAME = re.compile(r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)$")
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?\Z")
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "::1", "[::1]"}
 
 
@@ -47,7 +57,35 @@ def _parse_name(text: str) -> tuple[str, str | None]:
     m = _NAME.match(text)
     if not m:
         raise ValueError(f"'{text}' is not a host name")
-    return m.group("host").strip("[]"), m.group("user")
+    host = m.group("host")
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"'{host}' is not an IPv6 address") from None
+        return host[1:-1], m.group("user")
+    check_host_name(host)
+    return host, m.group("user")
+
+
+def check_host_name(name: str) -> None:
+    """Raise ValueError (saying why) unless `name` is a DNS name or an IPv4 address (module docstring)."""
+    if len(name) > 253:
+        raise ValueError(f"'{name[:20]}...' is not a valid host name ({len(name)} characters; at most 253)")
+    labels = (name[:-1] if name.endswith(".") else name).split(".")
+    if labels[-1].isdigit():
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            raise ValueError(f"'{name}' is not a valid IPv4 address") from None
+        return
+    for label in labels:
+        why = ("an empty label (two dots in a row, or a dot at the start)" if not label else
+               f"label '{label[:20]}...' is {len(label)} characters (at most 63)" if len(label) > 63 else
+               None if _LABEL.match(label) else
+               f"label '{label}' starts or ends with '-'")
+        if why:
+            raise ValueError(f"'{name}' is not a valid host name: {why}")
 
 
 def _parse_slots(text: str) -> int:
@@ -56,6 +94,8 @@ def _parse_slots(text: str) -> int:
     slots = int(text)
     if slots < 1:
         raise ValueError("slots must be at least 1")
+    if slots > (cap := max_ranks()):
+        raise ValueError(f"slots {slots} is more than the {cap} ranks a job may have (TRAINRUN_MAX_RANKS)")
     return slots
 
 
@@ -107,6 +147,7 @@ def parse_hosts_arg(text: str) -> list[HostSpec]:
 def parse_hostfile_text(text: str, path: str) -> list[HostSpec]:
     """Parse hostfile contents; `path` is used in messages only."""
     specs, where = [], []
+    text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark, as some Windows editors write
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -148,7 +189,7 @@ def _parse_hostfile_line(line: str) -> HostSpec:
 def read_hostfile(path: str) -> list[HostSpec]:
     """Read and parse a hostfile. Raises UsageError for a missing/unreadable file or a bad line."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8-sig") as f:
             text = f.read()
     except FileNotFoundError:
         raise UsageError(f"--hostfile {path}: no such file") from None

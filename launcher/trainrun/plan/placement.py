@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from trainrun.errors import UsageError
 from trainrun.plan.coords import RankCoords
 from trainrun.plan.hosts import HostSpec
+from trainrun.plan.limits import max_ranks
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ def ranks_per_host(hosts: list[HostSpec], np: int, oversubscribe: bool = False) 
     """How many ranks each host gets (same order as `hosts`; zeros for unused hosts)."""
     if np < 1:
         raise UsageError(f"-np {np}: must be at least 1")
+    if np > (cap := max_ranks()):
+        raise UsageError(f"-np {np}: a job may have at most {cap} ranks (plan/limits.py; TRAINRUN_MAX_RANKS "
+                         "raises the cap); lower -np or the hosts' slots")
     total = sum(h.slots for h in hosts)
     if np > total and not oversubscribe:
         raise UsageError(
@@ -46,18 +50,27 @@ def ranks_per_host(hosts: list[HostSpec], np: int, oversubscribe: bool = False) 
         take = min(h.slots, left)
         counts.append(take)
         left -= take
-    i = 0
-    while left:
-        counts[i % len(hosts)] += 1
-        left -= 1
-        i += 1
-    return counts
+    rounds, extra = divmod(left, len(hosts))  # the rest round robin, one per host: whole rounds at once
+    return [c + rounds + (i < extra) for i, c in enumerate(counts)]
 
 
 def cross_coords(counts: list[int], node_rank: int, local_rank: int) -> tuple[int, int]:
     """(cross_rank, cross_size) of local rank `local_rank` on node `node_rank`, given every node's rank count."""
     holders = [n for n, c in enumerate(counts) if c > local_rank]
     return holders.index(node_rank), len(holders)
+
+
+def cross_sizes(counts: list[int]) -> list[int]:
+    """cross_size of every local rank: how many nodes have more than `l` ranks, for l in range(max(counts)).
+    Linear in the ranks (a count of counts, summed from the top), where cross_coords per rank is not."""
+    have = [0] * (max(counts, default=0) + 1)
+    for c in counts:
+        have[c] += 1
+    sizes, above = [], 0
+    for c in range(len(have) - 1, 0, -1):
+        above += have[c]
+        sizes.append(above)
+    return sizes[::-1]
 
 
 def gpus_for(local_rank: int, local_size: int, pool: tuple[int, ...], per_proc: int, allow_sharing: bool, host: str,
@@ -93,11 +106,14 @@ def assign_ranks(
     counts = ranks_per_host(hosts, np, oversubscribe)
     used = [(h, c) for h, c in zip(hosts, counts) if c]
     gpu_pools = gpu_pools or {}
+    sizes = cross_sizes([c for _, c in used])
+    seen = [0] * len(sizes)  # nodes so far that hold local rank l: the next one's cross rank
     out, rank = [], 0
     for node_rank, (host, count) in enumerate(used):
         pool = gpu_pools.get(host.name, ())
         for local_rank in range(count):
-            cross_rank, cross_size = cross_coords([c for _, c in used], node_rank, local_rank)
+            cross_rank, cross_size = seen[local_rank], sizes[local_rank]
+            seen[local_rank] += 1
             out.append(
                 RankAssignment(
                     rank=rank,

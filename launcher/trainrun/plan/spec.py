@@ -7,8 +7,9 @@ travel to agents as JSON (spec_to_dict / spec_from_dict).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
-from trainrun.plan.envcontract import JobInfo, rank_env
+from trainrun.plan.envcontract import JobInfo, RankEnvMap, job_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import RankAssignment
 
@@ -17,7 +18,7 @@ from trainrun.plan.placement import RankAssignment
 class ProcessSpec:
     assignment: RankAssignment
     argv: tuple[str, ...]
-    env: dict  # what trainrun adds on top of the host's environment
+    env: Mapping[str, str]  # what trainrun adds on top of the host's environment (in a plan: a RankEnvMap)
     cwd: str
     bind_to: str = "none"
 
@@ -51,17 +52,18 @@ def build_plan(
     extra_env: dict[str, str],
     bind_to: str = "none",
 ) -> LaunchPlan:
-    procs = tuple(  # what the user exports with -x wins over what trainrun derives (e.g. the NIC choice)
-        ProcessSpec(a, argv, {**rank_env(a, job), **extra_env}, cwd, bind_to) for a in assignments
-    )
-    return LaunchPlan(job, procs)
+    """One ProcessSpec per assignment. Linear in the ranks: what they share (argv, the job's env, the -x exports
+    `extra_env`, which win over what trainrun derives, e.g. the NIC choice) is built once, and each rank's env
+    is a RankEnvMap over it, built when read."""
+    shared = job_env(job, assignments[0].size, assignments[0].nnodes, extra_env) if assignments else None
+    return LaunchPlan(job, tuple(ProcessSpec(a, argv, RankEnvMap(a, shared), cwd, bind_to) for a in assignments))
 
 
 def spec_to_dict(p: ProcessSpec) -> dict:
     """A ProcessSpec as JSON-able data, for the agent that runs it on its host."""
     a = p.assignment
     return {
-        "argv": list(p.argv), "env": p.env, "cwd": p.cwd, "bind_to": p.bind_to,
+        "argv": list(p.argv), "env": dict(p.env), "cwd": p.cwd, "bind_to": p.bind_to,
         "host": {"name": a.host.name, "slots": a.host.slots, "user": a.host.user},
         "assignment": {k: getattr(a, k) for k in (
             "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size", "node_rank", "nnodes")},
