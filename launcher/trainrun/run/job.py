@@ -292,6 +292,10 @@ class Job:
                 g.close(sel)
             for g in self.groups:
                 g.wait_closed()
+            for g in self.groups:  # lost hosts: what their cleanup over a fresh connection came to
+                if getattr(g, "cleanup_note", None):
+                    self.result.notes.append(g.cleanup_note)
+                    self.result.may_still_run += g.may_still_run
             watchdog.close()
             if self.world is not None:
                 self.world.cleanup()

@@ -40,13 +40,16 @@ class JobResult:
     failure: Failure | None = None
     consequences: list[Failure] = field(default_factory=list)
     interrupted_by: int | None = None
+    notes: list[str] = field(default_factory=list)  # what came of cleaning up lost hosts (fanout/agents.py)
+    may_still_run: int = 0  # ranks on hosts that could not be reached to kill them
 
     def summary(self, size: int) -> str | None:
         """The failure summary the launcher prints, or None for a clean run."""
         if self.failure is not None:
             f = self.failure
             first = f"{f.what} (the first failure)" if self.consequences else f.what
-            lines = [f"trainrun: {first}; stopped all {size} rank(s)" if size > 1 else f"trainrun: {first}"]
+            lines = [f"trainrun: {first}; {self._stopped(size)}" if size > 1 else f"trainrun: {first}"]
+            lines += [f"trainrun: {note}" for note in self.notes]
             if f.oom:
                 lines.append(f"trainrun: rank {f.rank}: {f.oom}")
             shown = tail_to_show(f.stderr_tail)
@@ -63,8 +66,14 @@ class JobResult:
                     lines.append(f"  ... and {len(self.consequences) - CONSEQUENCES_SHOWN} more")
             return "\n".join(lines)
         if self.interrupted_by is not None:
-            return f"trainrun: interrupted by {signame(self.interrupted_by)}; stopped all {size} rank(s)"
+            return "\n".join([f"trainrun: interrupted by {signame(self.interrupted_by)}; {self._stopped(size)}",
+                              *(f"trainrun: {note}" for note in self.notes)])
         return None
+
+    def _stopped(self, size: int) -> str:
+        if self.may_still_run:
+            return f"stopped {size - self.may_still_run} of {size} rank(s)"
+        return f"stopped all {size} rank(s)"
 
 
 def settle(failures: list[Failure], stopped_at: float | None, trigger: Failure | None = None) -> tuple[Failure | None, list[Failure]]:
