@@ -18,6 +18,7 @@ AGENT_START_SLACK = 30.0  # seconds beyond --ssh-timeout for an agent's HELLO (i
 
 def launch(cfg: LaunchConfig) -> int:
     """Plan, then print it (--dry-run), check the hosts (--check) or run it. Returns the exit code."""
+    cfg.exported_env(os.environ)  # a bad or unset -x is a usage error before any host is reached
     if cfg.check:
         return check(cfg)
     elastic = cfg.elastic_settings()
@@ -58,6 +59,10 @@ def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
     plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name,
                      slurm=source.allocation is not None)
     notes = {"hosts": source.reason, **({"engine": source.engine} if shape.remote else {})}
+    if "TRAINRUN_HOROVOD" in plan.procs[0].env:
+        from trainrun._horovod import describe
+
+        notes["horovod"] = describe(plan.procs[0].env["TRAINRUN_HOROVOD"])
     elastic = cfg.elastic_settings()
     if cfg.json:
         import json

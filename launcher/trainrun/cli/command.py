@@ -2,6 +2,7 @@
 message and its exit code here (no traceback for anything a user can cause)."""
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
@@ -87,6 +88,7 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--allow-gpu-sharing", is_flag=True, help="Allow more local ranks than GPUs.")
 @click.option("--bind-to", type=click.Choice(["none", "core"]), default="none", show_default=True, help="Pin each local rank to a CPU core.")
 @click.option("-x", "--export", multiple=True, metavar="NAME[=VALUE]", help="Export a variable to every rank (repeatable).")
+@click.option("--horovod", type=click.Choice(["trainrun", "installed"]), help="What `import horovod` gives the ranks: trainrun's modules (default; or TRAINRUN_HOROVOD) or an installed Horovod.")
 @click.option("--prefix", type=click.Choice(["rank", "timestamp", "mpi", "mpi-timestamp", "none"]), default="rank", show_default=True,
               help="Prefix of each output line: [0]<stdout>: (rank), Open MPI's [1,0]<stdout>: (mpi), either after the time.")
 @click.option("--output-dir", metavar="DIR", help="Also write each rank's output to DIR/rank.N/stdout|stderr (and stack dumps).")
@@ -162,6 +164,11 @@ def cli(command, json_, **options):
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started with SIGINT ignored (`trainrun ... &` in a script: the shell does that): Python then leaves it
+        # ignored, so Ctrl-C / kill -INT did nothing until the Job installed its own handler after planning.
+        # Answer it in every phase alike: planning and reaching hosts stop at once (exit 130).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if argv and argv[0] == "--sbatch":
             code = _submit(argv[1:])

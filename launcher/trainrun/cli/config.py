@@ -35,6 +35,7 @@ class LaunchConfig:
     allow_gpu_sharing: bool = False
     bind_to: str = "none"
     export: tuple[str, ...] = ()
+    horovod: str | None = None  # --horovod: trainrun | installed (None: TRAINRUN_HOROVOD, else trainrun)
     prefix: str = "rank"
     output_dir: str | None = None
     fold: bool = False
@@ -157,7 +158,8 @@ class LaunchConfig:
         return apply_exclude(specs, parse_exclude(self.exclude)) if self.exclude else specs
 
     def exported_env(self, environ) -> dict[str, str]:
-        """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment)."""
+        """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment), and TRAINRUN_HOROVOD
+        (--horovod, else the launcher's or -x's TRAINRUN_HOROVOD, else trainrun; UsageError for another value)."""
         out = {}
         for item in self.export:
             name, sep, value = item.partition("=")
@@ -168,6 +170,12 @@ class LaunchConfig:
                     raise UsageError(f"-x {name}: not set in the launcher's environment; write -x {name}=VALUE")
                 value = environ[name]
             out[name] = value
+        from trainrun._horovod import VARIABLE, choice
+
+        try:  # every rank's env says which `horovod` it imports (--dry-run shows it; run/local.py acts on it)
+            out[VARIABLE] = choice({**environ, **out}, self.horovod)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         return out
 
 
