@@ -133,3 +133,43 @@ def test_the_agent_removes_its_hosts_shm_segments(tmp_path):
     finally:
         if os.path.exists(segment):
             os.unlink(segment)
+
+
+def test_a_stopped_agents_host_is_cleaned_up_over_a_new_connection(tmp_path):
+    """Agent SIGSTOPped (it cannot act, its channel stays open): the launcher reports the host lost (255),
+    then kills the agent and everything below it -- ranks, an `env -i setsid` sleeper and a double-forked
+    daemon with no environment -- over a new connection (PipeEngine: a new local process), and says so."""
+    import signal
+    import threading
+    import uuid
+
+    from launch_helpers import assert_none_with, procs_with, worker
+
+    token = f"stop{uuid.uuid4().hex[:8]}"
+    a = assign_ranks([HostSpec("localhost", 1), HostSpec("far", 2)], 3)
+    plan = build_plan(a, JobInfo(os.urandom(4).hex(), "127.0.0.1", 29555),
+                      (sys.executable, worker("escapees.py"), token, "sleep"), str(tmp_path), {})
+    agent = local_agent("far")
+    pid = agent.link.proc.pid
+
+    def stop_when_up():
+        deadline = time.monotonic() + 30
+        while len(procs_with(token)) < 9 and time.monotonic() < deadline:  # 3 ranks, 2 escapees each
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGSTOP)
+
+    threading.Thread(target=stop_when_up, daemon=True).start()
+    try:
+        result = run_with_agent(plan, agent, OutputSink(out=open(os.devnull, "wb"), err=open(os.devnull, "wb")),
+                                heartbeat_timeout=3)
+        summary = result.summary(3)
+        assert result.exit_code == 255, summary
+        assert "far: killed its agent and its 2 rank(s) over a new connection" in summary
+        assert "stopped all 3 rank(s)" in summary
+        assert agent.link.proc.wait(5) == -signal.SIGKILL
+        assert_none_with(token, 5.0, "processes of the stopped agent's job")
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass

@@ -7,9 +7,13 @@ SIGNAL/KILL/PMI/DUMP frames on stdin. It answers each launcher BEAT at once with
 launcher can put the exit times on its own clock.
 
 Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
-dropped) or SIGTERM arrives, the agent SIGKILLs every process group of its ranks and every process of the
-job on its host that left them (run/reaper.py), and exits; if the agent itself is killed, its Watchdog does
-the same. When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
+dropped), SIGTERM arrives, or the launcher has been silent for the JOB's `patience` (its heartbeat timeout:
+a cut network sends no EOF), the agent SIGKILLs every process group of its ranks, the trees below them and
+every process of the job on its host that left them (it is a child subreaper: run/reaper.py), and exits. A
+write to the launcher that blocks (a full channel) is given up on by the same silence rule. If the agent
+itself is killed, its Watchdog does the same; if it is stopped (SIGSTOP) for `patience` seconds, the
+Watchdog kills it and its ranks. HELLO carries the agent's pid and start time, so that the launcher can
+kill this agent's tree over a fresh connection when it stops answering (run/reaper.py's main). When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
 cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
 restart) or EOF, keeping its host's committed state (run/control.py) in memory across attempts.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import signal
 import sys
@@ -30,6 +35,10 @@ from trainrun.facts.collect import launch_facts
 from trainrun.run.groups import ExitInfo
 from trainrun.run.local import LocalRanks
 from trainrun.run.watchdog import Watchdog
+
+
+class LauncherGone(Exception):
+    """A write to the launcher stayed blocked past the patience without word from it."""
 
 
 class Agent:
@@ -47,12 +56,19 @@ class Agent:
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
     def send(self, data: bytes) -> None:
+        """Write a frame to the launcher; raises LauncherGone when the channel stays full while the launcher
+        has been silent for the patience (a cut network: nothing drains the channel, no EOF comes)."""
         view = memoryview(data)
         while view:
             try:
                 n = os.write(self.out_fd, view)
             except BrokenPipeError:  # the launcher is gone: stdin EOF follows and ends us
                 return
+            except BlockingIOError:
+                if time.monotonic() - self._last_heard > self.patience:
+                    raise LauncherGone() from None
+                select.select([], [self.out_fd], [], 1.0)
+                continue
             view = view[n:]
 
     # RankEvents
@@ -109,6 +125,8 @@ class Agent:
 
     def _start(self, job: AgentJob, watchdog: Watchdog) -> None:
         self.patience = job.patience
+        if job.patience != float("inf"):
+            watchdog.stop_limit(job.patience)
         self.kvsname = job.kvsname
         self.elastic = job.elastic
         if job.elastic and self.control is None:
@@ -148,7 +166,12 @@ class Agent:
         # SIGTERM (scancel of a Slurm step or allocation, a host shutting down): kill the ranks, then exit
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "done", True))
         watchdog = Watchdog()
-        self.send(wire.json_frame(wire.HELLO, launch_facts(with_nics=True).to_json()))
+        from trainrun.run.reaper import stat
+
+        me = stat(os.getpid())
+        hello = {**launch_facts(with_nics=True).to_json(), "agent": f"{me.pid}:{me.start}" if me else None}
+        self.send(wire.json_frame(wire.HELLO, hello))
+        os.set_blocking(self.out_fd, False)  # send() bounds a blocked write by the patience
         self.sel.register(self.in_fd, selectors.EVENT_READ, lambda: self._on_stdin(watchdog))
         try:
             while not self.done:
@@ -169,6 +192,9 @@ class Agent:
                         if not self.elastic:
                             break
                         self._end_attempt()
+        except LauncherGone:
+            sys.stderr.write(f"trainrun agent: the channel to the launcher stayed full and no word from it for "
+                             f"{self.patience:.0f}s; killing the ranks\n")
         finally:
             if self.ranks is not None:
                 self.ranks.kill()

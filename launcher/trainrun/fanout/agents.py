@@ -6,6 +6,12 @@ States: opened (HELLO read: host facts known) -> assigned (its specs) -> started
 (every rank reported, or the channel ended, or the agent was silent for `heartbeat_timeout` s, or the
 launcher gave up on it after SIGKILL: every unreported rank is then reported lost).
 
+A lost host is cleaned up over a fresh connection when the engine can open one (`sweeper`: the engine's
+`sweep`, run in a thread): the agent's whole tree (its pid and start time came in HELLO) and every process
+of the job there (run/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
+unreachable, with the ranks that may still run and within how many seconds the agent there ends them
+(the agent's own patience: it kills its ranks after `heartbeat_timeout` s without word from the launcher).
+
 The agent's clock: every BEAT we send carries our clock and the agent echoes it at once with its own;
 `clock` (clock.py) keeps the offset, and the exit times the agent reports are put on our clock with it
 before they reach the Job, so failures on different hosts can be ordered.
@@ -13,7 +19,9 @@ before they reach the Job, so failures on different hosts can be ordered.
 from __future__ import annotations
 
 import json
+import math
 import selectors
+import threading
 import time
 from dataclasses import replace
 
@@ -29,15 +37,26 @@ from trainrun.plan.spec import ProcessSpec
 from trainrun.run.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
-AGENT_PATIENCE = 4  # x heartbeat_timeout: how long an agent waits for a silent launcher
+AGENT_PATIENCE = 1  # x heartbeat_timeout: how long an agent waits for a silent launcher
+SWEEP_CONNECT_S = 5.0  # at most this long to open the fresh connection to a lost host
+SWEEP_WAIT_S = 20.0  # at most this long for the whole cleanup of a lost host (connect, kill, answer)
 FIRST_BEATS_EVERY, FIRST_BEATS_FOR = 0.2, 3.0  # seconds: more clock samples while the job starts
 
 
 class AgentRanks:
     """One host's ranks, run by its agent at the other end of `link`."""
 
-    def __init__(self, link: AgentLink, facts: HostFacts, reader: wire.FrameReader | None = None):
+    def __init__(self, link: AgentLink, facts: HostFacts, reader: wire.FrameReader | None = None,
+                 agent_id: str | None = None):
+        """`agent_id`: "PID:START" of the agent process on its host (from HELLO; None from an older agent)."""
         self.link = link
+        self.agent_id = agent_id
+        self.sweeper = None  # the engine's sweep(host, job_id, mark_host, agent_id) -> None or why it failed
+        self.cleanup_note: str | None = None
+        self.may_still_run = 0  # ranks of this host left running where cleanup could not reach (cleanup_note)
+        self._lost_ranks = 0
+        self._sweep: threading.Thread | None = None
+        self._sweep_result: list = []
         self.host = link.host
         self.facts = facts
         self.reader = reader or wire.FrameReader()
@@ -58,6 +77,8 @@ class AgentRanks:
         may be blocked writing to a paused pager; ranks then block too, so waiting long costs little)."""
         self.specs = specs
         self.heartbeat_timeout = heartbeat_timeout
+        self._job_id = specs[0].env.get("TRAINRUN_JOB_ID") if specs else None
+        self._mark_host = specs[0].env.get("TRAINRUN_HOSTNAME", specs[0].host) if specs else self.host
         self._pending = {s.rank for s in specs}
         kvsname = None
         if pmi and specs:
@@ -89,12 +110,46 @@ class AgentRanks:
             self._lose(f"lost the agent on {self.host} (connection dropped or agent killed)")
 
     def _lose(self, message: str) -> None:
-        """Report every rank not yet reported as lost (the host is gone for this job)."""
+        """Report every rank not yet reported as lost (the host is gone for this job), and start cleaning
+        the host up over a fresh connection."""
         if self._pending:
+            lost = len(self._pending)
+            self._start_sweep(lost)
             self.events.on_host_lost(self.host, message)
             for rank in sorted(self._pending):
                 self.events.on_exit(rank, LOST)
             self._pending.clear()
+            self._lost_ranks = lost
+
+    def _start_sweep(self, ranks: int) -> None:
+        if self.sweeper is None or self._job_id is None or self._sweep is not None:
+            return
+        self._lost_at, self._silent_since = time.monotonic(), self._last_heard
+
+        def work():
+            try:
+                self._sweep_result.append(self.sweeper(self.host, self._job_id, self._mark_host, self.agent_id))
+            except Exception as err:  # noqa: BLE001 - any failure is reported as "could not clean up"
+                self._sweep_result.append(f"{type(err).__name__}: {err}")
+
+        self._sweep = threading.Thread(target=work, name=f"trainrun-sweep-{self.host}", daemon=True)
+        self._sweep.start()
+
+    def _finish_sweep(self) -> None:
+        """Wait (bounded) for the cleanup of a lost host and say what came of it in `cleanup_note`."""
+        if self._sweep is None or self.cleanup_note is not None:
+            return
+        self._sweep.join(max(0.0, self._lost_at + SWEEP_WAIT_S - time.monotonic()))
+        n = self._lost_ranks
+        if self._sweep_result and self._sweep_result[0] is None:
+            self.cleanup_note = f"{self.host}: killed its agent and its {n} rank(s) over a new connection"
+            return
+        why = self._sweep_result[0] if self._sweep_result else f"no answer within {SWEEP_WAIT_S:.0f}s"
+        patience = self._job.patience
+        left = max(0, math.ceil(patience - (time.monotonic() - self._silent_since) + wire.HEARTBEAT_EVERY))
+        self.cleanup_note = (f"{self.host} unreachable ({why}): its {n} rank(s) may still run; the agent there "
+                             f"ends them within {left}s ({patience:g}s without word from the launcher)")
+        self.may_still_run = n
 
     def _dispatch(self, kind: bytes, rank: int, payload: bytes) -> None:
         if kind in wire.KIND_STREAM:
@@ -176,9 +231,10 @@ class AgentRanks:
 
     def wait_closed(self) -> None:
         """Wait until the agent has ended; called after close() on every group, so agents end in parallel.
-        A host that stopped answering is not waited for."""
+        A host that stopped answering is not waited for, but its cleanup over a fresh connection is."""
         if time.monotonic() - self._last_heard < self.heartbeat_timeout:
             self.link.wait(5.0)
+        self._finish_sweep()
 
 
 def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
@@ -195,7 +251,8 @@ def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
             errors += err
             for kind, _rank, payload in reader.feed(out):
                 if kind == wire.HELLO:
-                    return AgentRanks(link, HostFacts.from_json(json.loads(payload)), reader)
+                    doc = json.loads(payload)
+                    return AgentRanks(link, HostFacts.from_json(doc), reader, doc.get("agent"))
             if ended:
                 break
     finally:
@@ -229,4 +286,6 @@ def open_agents(engine: FanoutEngine, hosts: list[HostSpec], timeout: float) -> 
             engine.close()
     if failures:
         raise HostsError(failures)
+    for agent in agents.values():
+        agent.sweeper = getattr(engine, "sweep", None)
     return agents

@@ -27,7 +27,7 @@ class ElasticAgentRanks(AgentRanks):
     """One host's ranks for one attempt at a time, through an agent that stays between attempts."""
 
     def __init__(self, agent: AgentRanks):
-        super().__init__(agent.link, agent.facts, agent.reader)
+        super().__init__(agent.link, agent.facts, agent.reader, agent.agent_id)
         self.lost = False            # the channel ended or went silent: this agent is of no further use
         self._attempt_done = True    # DONE seen for the last attempt (or none started yet)
 
@@ -141,6 +141,7 @@ class AgentPool:
                 link.close(wait=2.0)
                 continue
             agent.heartbeat_timeout = self.heartbeat_timeout
+            agent.sweeper = getattr(self.engine, "sweep", None)  # a lost host is cleaned up over a new connection
             self.agents[link.host] = agent
         return failures
 

@@ -2,7 +2,8 @@
 
 Sessions have no pty: the agent's stdin EOF, not SIGHUP, is what tells it the launcher is gone. Every
 remote command line is built by ssh.remote_command (shlex-quoted); environment for ranks travels inside
-the agent's channel, never on a command line.
+the agent's channel, never on a command line. `sweep` cleans up a host whose agent stopped answering over
+a NEW connection (the old one may be wedged behind a stopped agent or a dead link).
 """
 from __future__ import annotations
 
@@ -117,12 +118,14 @@ class SSHEngine:
     def __init__(self, opts: ssh.SSHOptions, python: str, parallelism: int = 64):
         self.opts, self.python, self.parallelism = opts, python, parallelism
         self.clients: dict = {}
+        self.targets: dict[str, str] = {}  # host name -> what was connected to (user@host:port)
 
     def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
         """Connect to every host at once (at most `parallelism` in flight); a UsageError (bad ssh config)
         propagates."""
         clients, failures = ssh.connect_each([str(h) for h in hosts], self.opts, self.parallelism)
         names = {str(h): h.name for h in hosts}
+        self.targets.update({h.name: str(h) for h in hosts})
         self.clients.update({names[k]: c for k, c in clients.items()})
         return {names[k]: err for k, err in failures.items()}
 
@@ -136,6 +139,34 @@ class SSHEngine:
         ch.settimeout(timeout)
         ch.exec_command(python_module_command(python or self.python, module, *args))
         return SSHModuleChannel(ch)
+
+    def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None,
+              connect_timeout: float = 5.0, timeout: float = 15.0) -> str | None:
+        """Over a fresh SSH connection to `host`, kill the tree of agent `agent` ("PID:START") and every
+        process of job `job_id` marked for `mark_host` (run/reaper.py). None when nothing is left, else why not."""
+        from dataclasses import replace
+
+        opts = replace(self.opts, connect_timeout=min(self.opts.connect_timeout, connect_timeout))
+        try:
+            client = ssh.connect(self.targets.get(host, host), opts)
+        except HostError as err:
+            return f"{err.stage}: {err.message}"
+        except Exception as err:  # noqa: BLE001 - whatever stops the cleanup is reported, not raised
+            return f"cannot connect: {err}"
+        try:
+            ch = client.get_transport().open_session(timeout=timeout)
+            ch.settimeout(timeout)
+            ch.exec_command(python_module_command(self.python, "trainrun.run.reaper", job_id, mark_host,
+                                                  *([agent] if agent else [])))
+            if not ch.status_event.wait(timeout):
+                return f"the cleanup did not answer in {timeout:g}s"
+            out = ch.recv(4096).decode(errors="replace").strip() if ch.recv_ready() else ""
+            code = ch.recv_exit_status()
+            return None if code == 0 else f"processes left after the cleanup: {out or f'exit {code}'}"
+        except Exception as err:  # noqa: BLE001 - paramiko raises many kinds
+            return f"cleanup failed: {err}"
+        finally:
+            client.close()
 
     def close(self) -> None:
         for client in self.clients.values():
