@@ -321,3 +321,70 @@ def test_output_reader_gone_ends_the_job_like_sigpipe(tmp_path):
     assert p.wait(30) == 141
     err = p.stderr.read().decode()
     assert "interrupted by SIGPIPE" in err and "Traceback" not in err
+
+
+# input that crashed or exhausted the launcher (issue 25): one line, exit 2, nothing planned
+
+LABEL64 = "a" * 64
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["-H", "a..b:2", "true"], ["-H entry 'a..b:2'", "not a valid host name"]),
+    (["-H", f"{LABEL64}:2", "true"], [LABEL64, "at most 63"]),
+    (["-H", "a..b:2", "--check"], ["a..b", "not a valid host name"]),
+    (["-H", "good,x.-y:1", "--dry-run", "true"], ["'x.-y'", "starts or ends with '-'"]),
+])
+def test_bad_host_name_is_one_line(run_trainrun, args, needles):
+    """Before: the resolver's idna codec raised a 55-line UnicodeError traceback, exit 1."""
+    assert_one_line_error(run_trainrun(*args, "--ssh-timeout", 2, timeout=30), 2, *needles)
+
+
+def test_bad_host_name_in_a_hostfile_names_file_and_line(run_trainrun, tmp_path):
+    hf = write(tmp_path, "hosts", f"localhost slots=1\n{LABEL64}.example slots=2\n")
+    assert_one_line_error(run_trainrun("--hostfile", hf, "--check"), 2, f"{hf}:2", "at most 63")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["-H", "h1:1000000000", "--dry-run", "true"], ["slots 1000000000", "65536"]),
+    (["-np", "100000", "--oversubscribe", "--dry-run", "true"], ["-np 100000", "at most 65536"]),
+])
+def test_job_size_is_capped(run_trainrun, args, needles):
+    """Before: planned eagerly and quadratically (-H h1:1000000000 grew ~100 MB every 5 s for ever)."""
+    assert_one_line_error(run_trainrun(*args, timeout=30), 2, *needles)
+
+
+def test_hostfile_with_a_byte_order_mark_runs(run_trainrun, tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_bytes(b"\xef\xbb\xbflocalhost slots=2\n")
+    run = run_trainrun("--hostfile", hf, "--prefix", "none", sys.executable, "-c", "import os; print(os.environ['RANK'])")
+    assert run.rc == 0, run.stderr
+    assert sorted(run.stdout.split()) == ["0", "1"]
+
+
+@pytest.mark.parametrize("export, needle", [("TRAINRUN_TEST_SURELY_UNSET", "not set"), ("1BAD=2", "not a variable name")])
+def test_export_is_checked_before_any_host_is_reached(run_trainrun, export, needle):
+    """Before: the hosts were reached first (here: a dns failure, exit 3) and -x was read only when planning."""
+    run = run_trainrun("-H", "no-such-host.invalid:1", "-x", export, "true", env=base_env(TRAINRUN_TEST_SURELY_UNSET=None))
+    assert_one_line_error(run, 2, f"-x {export.split('=')[0]}", needle)
+
+
+def test_sigint_stops_planning_when_started_with_sigint_ignored(tmp_path):
+    """`trainrun ... &` in a script starts it with SIGINT ignored; Python keeps that, so before, SIGINT did
+    nothing until the job's own handler was installed after planning. A FIFO as hostfile holds trainrun in
+    the planning step (reading the hosts) for as long as the test likes."""
+    import signal
+    import time
+
+    fifo = tmp_path / "hosts"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "trainrun", "--hostfile", str(fifo), "true"], stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        time.sleep(1.5)  # started and blocked opening the FIFO (a SIGINT earlier than that is answered too)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("SIGINT did not stop trainrun while it planned")
+    assert rc == 130 and b"Traceback" not in proc.stderr.read()
