@@ -174,3 +174,64 @@ def test_the_collective_is_compared_with_the_nic_its_launch_names_first():
     r = PerfResult(hosts, ["eth0", "eth1"], links, collective_nic="eth1")
     assert collective_prediction(r) == 40.0 and prediction_nic(r) == "eth1"
     assert perf_json(r, [])["collective"]["predicted_nic"] == "eth1"
+
+
+def test_every_link_of_a_host_under_the_host_rule_is_measured_again():
+    """h3's median is under half the reference though its link to h1 is above the line on its own: the
+    verdict would name h3, so all three of its pairs are re-measured, h3's first."""
+    hosts = ["h1", "h2", "h3", "h4"]
+    slow = {frozenset(("h1", "h3")): 2800.0, frozenset(("h2", "h3")): 2000.0, frozenset(("h3", "h4")): 2200.0}
+    links = [LinkSample("eth1", a, b, slow.get(frozenset((a, b)), 5000.0)) for a in hosts for b in hosts if a != b]
+    assert [(f.kind, f.subject) for f in findings(result(hosts, links))] == [("link", "h3 eth1")]
+    pairs = {frozenset(p[1:]) for p in suspect_pairs(links, ["eth1"], hosts)}
+    assert pairs == set(slow)
+
+
+class FakeBench:
+    """A host's linkbench as measure_links drives it: `mbps(a, b, n)` is the n-th reading (from 1) of a -> b."""
+
+    def __init__(self, host, mbps, calls):
+        self.host, self.mbps, self.calls = host, mbps, calls
+
+    def address(self, nic):
+        return ("10.0.0.1", 1)
+
+    def call(self, op):
+        key = frozenset((self.host, op["peer"]))
+        self.calls[key] = self.calls.get(key, 0) + 1
+        n = self.calls[key]
+        return {"rtt_us": 30.0, "tx_mbps": self.mbps(self.host, op["peer"], n), "rx_mbps": self.mbps(op["peer"], self.host, n)}
+
+
+def measure(mbps, hosts=("h1", "h2", "h3", "h4")):
+    from trainrun.check.perf import measure_links
+
+    calls = {}
+    benches = {h: FakeBench(h, mbps, calls) for h in hosts}
+    links = measure_links(benches, round_robin(list(hosts)), ["eth1"], 0.1, None, lambda text: None, [])
+    return links, calls
+
+
+def test_a_link_slow_through_two_retests_is_cleared_by_a_later_sweep():
+    """h2<->h3 reads 30% of the others in its round and the next two readings (a load burst), then like
+    the others: not a slow link. Two back-to-back retests (the old rule) named it."""
+    def mbps(a, b, n):
+        return 1500.0 if {a, b} == {"h2", "h3"} and n <= 3 else 5000.0
+
+    links, calls = measure(mbps)
+    assert findings(result(["h1", "h2", "h3", "h4"], links)) == []
+    assert calls[frozenset(("h2", "h3"))] == 4
+    s = next(s for s in links if (s.src, s.dst) == ("h2", "h3"))
+    assert s.mbps == 5000.0 and s.readings == (1500.0, 1500.0, 1500.0, 5000.0)
+
+
+def test_a_throttled_host_stays_named_through_every_sweep():
+    def mbps(a, b, n):
+        return 40.0 if "h2" in (a, b) else 5000.0
+
+    links, calls = measure(mbps)
+    found = findings(result(["h1", "h2", "h3", "h4"], links))
+    assert [(f.kind, f.subject) for f in found] == [("link", "h2 eth1")]
+    from trainrun.check.perf import RETESTS
+    assert all(calls[frozenset(("h2", h))] == 1 + RETESTS for h in ("h1", "h3", "h4"))
+    assert all(calls[frozenset(p)] == 1 for p in (("h1", "h3"), ("h1", "h4"), ("h3", "h4")))

@@ -9,9 +9,12 @@ process and its short-lived listening sockets), then
    hosts that share a kernel (same boot_id: containers, namespaces) are probed one at a time, the others
    at once; a host under the threshold is probed again before it is named;
 3. links: round-robin rounds of disjoint pairs, all pairs of a round at once, every routable NIC in turn;
-   per pair and NIC: RTT, then tx and rx for `seconds` each. Links under the threshold (or failed) are
-   measured again alone (up to RETESTS times, until a reading clears it), and the best reading counts: a
-   pair slowed by its round's neighbours, or by a moment of load on a shared machine, is not a slow link;
+   per pair and NIC: RTT, then tx and rx for `seconds` each. Before the verdict, what it would name is
+   measured again, pair by pair and each pair alone, in up to RETESTS sweeps (like compute's repeated
+   probes); the best reading of each direction counts, and each sweep re-reads what the verdict would name
+   on the best readings so far (every link of a host under the host rule, every link under the threshold,
+   every failed link): a pair slowed by its round's neighbours, or by a moment of load on a shared machine,
+   is not a slow link, while a throttled link stays slow through every sweep;
 4. the collective: an allreduce over the job's own plan, launched through trainrun itself
    (`python -m trainrun <the check's hosts and options> PYTHON -m trainrun.check.allreduce_bench`).
 
@@ -45,7 +48,7 @@ CLOCK_TRIES = 5
 COMPUTE_REPS = 3
 COMPUTE_SECONDS = 0.2
 PINGS = 20
-RETESTS = 2                                     # alone, for a link under the threshold, until one clears it
+RETESTS = 3                                     # sweeps re-measuring alone what the verdict would name
 COLLECTIVE_SIZES = (1 << 16, 1 << 20, 1 << 23)   # bytes: 64 KiB, 1 MiB, 8 MiB
 COLLECTIVE_ESTIMATE_S = 15.0                    # what the budget keeps for the MPI world's start and run
 START_ESTIMATE_S = 3.0                          # starting the host probes
@@ -278,20 +281,26 @@ def measure_links(benches: dict[str, Bench], rounds: list, nics: list[str], seco
                 for got in pool.map(lambda p: _measure_pair(benches, nic, p[0], p[1], seconds), pairs):
                     for s in got:
                         samples[(s.nic, s.src, s.dst)] = s
-    suspects = suspect_pairs(list(samples.values()), nics, hosts)
-    for j, (nic, a, b) in enumerate(suspects[: 2 * len(hosts)], 1):
-        if deadline is not None and time.monotonic() + 2 * seconds + ROUND_OVERHEAD_S > deadline:
-            skipped.append(f"re-measuring {a}<->{b} on {nic}: --perf-time spent")
-            continue
-        for attempt in range(RETESTS):
-            progress(f"re-measuring {a}<->{b} on {nic} alone ({j}/{len(suspects)})")
+    for sweep in range(1, RETESTS + 1):
+        suspects = suspect_pairs(list(samples.values()), nics, hosts)[: 2 * len(hosts)]
+        if not suspects:
+            break
+        for j, (nic, a, b) in enumerate(suspects, 1):
+            if deadline is not None and time.monotonic() + 2 * seconds + ROUND_OVERHEAD_S > deadline:
+                left = ", ".join(f"{x}<->{y} on {n}" for n, x, y in suspects[j - 1:])
+                skipped.append(f"re-measuring {left} (sweep {sweep}/{RETESTS}): --perf-time spent")
+                return list(samples.values())
+            progress(f"re-measuring {a}<->{b} on {nic} alone ({j}/{len(suspects)}, sweep {sweep}/{RETESTS})")
             for s in _measure_pair(benches, nic, a, b, seconds):
-                old = samples[(s.nic, s.src, s.dst)]
-                if s.mbps is not None and (old.mbps is None or s.mbps > old.mbps):
-                    samples[(s.nic, s.src, s.dst)] = replace(s)
-            if (nic, a, b) not in suspect_pairs(list(samples.values()), [nic], hosts):
-                break  # the better readings clear it
+                samples[(s.nic, s.src, s.dst)] = best_of(samples[(s.nic, s.src, s.dst)], s)
     return list(samples.values())
+
+
+def best_of(old: LinkSample, new: LinkSample) -> LinkSample:
+    """The better of two readings of one direction (a failure never beats a reading), with every reading kept."""
+    readings = (old.readings or ((old.mbps,) if old.mbps is not None else ())) + ((new.mbps,) if new.mbps is not None else ())
+    best = new if new.mbps is not None and (old.mbps is None or new.mbps > old.mbps) else old
+    return replace(best, readings=tuple(round(v, 1) for v in readings))
 
 
 def launch_argv(cfg, program: list[str]) -> list[str]:

@@ -39,6 +39,7 @@ class LinkSample:
     mbps: float | None
     rtt_us: float | None = None
     error: str = ""
+    readings: tuple[float, ...] = ()   # every reading of this direction when it was measured again (best counts)
 
 
 @dataclass(frozen=True)
@@ -118,14 +119,27 @@ def link_reference(links: list[LinkSample], nic: str, hosts: list[str]) -> tuple
 
 
 def suspect_pairs(links: list[LinkSample], nics: list[str], hosts: list[str]) -> list[tuple[str, str, str]]:
-    """(nic, a, b) of links under the threshold or failed, each pair once: what to measure again alone."""
-    out = []
+    """(nic, a, b) of the links the verdict would name on these readings, each pair once: what to measure
+    again alone before judging. That is every link of a host under the host rule (its median: links that
+    are each above LINK_FRACTION can still make one under it), every single link under LINK_FRACTION of its
+    NIC's reference, and every failed link. Slow hosts' links come first."""
+    out: list[tuple[str, str, str]] = []
+
+    def add(nic: str, a: str, b: str) -> None:
+        if (nic, a, b) not in out and (nic, b, a) not in out:
+            out.append((nic, a, b))
+
     for nic in nics:
-        ref, _ = link_reference(links, nic, hosts)
-        for (a, b), s in link_matrix(links, nic).items():
-            slow = s.mbps is None or (ref is not None and s.mbps < LINK_FRACTION * ref)
-            if slow and (nic, b, a) not in out and (nic, a, b) not in out:
-                out.append((nic, a, b))
+        ref, per_host = link_reference(links, nic, hosts)
+        m = link_matrix(links, nic)
+        if ref is not None:
+            for h in sorted((h for h, v in per_host.items() if v < LINK_FRACTION * ref), key=per_host.get):
+                for (a, b) in m:
+                    if h in (a, b):
+                        add(nic, a, b)
+        for (a, b), s in m.items():
+            if s.mbps is None or (ref is not None and s.mbps < LINK_FRACTION * ref):
+                add(nic, a, b)
     return out
 
 
