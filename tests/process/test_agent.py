@@ -173,3 +173,72 @@ def test_a_stopped_agents_host_is_cleaned_up_over_a_new_connection(tmp_path):
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+
+
+def test_the_watchdog_ends_a_stopped_agent_and_its_ranks(tmp_path):
+    """No fresh connection (the launcher is gone, or sshd does not answer either): the agent's watchdog,
+    a process of its own, kills the agent once it has been stopped for its patience, and every rank."""
+    import signal
+    import uuid
+
+    from launch_helpers import assert_none_with, procs_with, worker
+
+    token = f"wdog{uuid.uuid4().hex[:8]}"
+    plan = build_plan(assign_ranks([HostSpec("far", 2)], 2), JobInfo(os.urandom(4).hex(), "127.0.0.1", 1),
+                      (sys.executable, worker("escapees.py"), token, "sleep"), str(tmp_path), {})
+    agent = local_agent("far")
+    pid = agent.link.proc.pid
+    agent.link.write(wire.frame(wire.JOB, -1, AgentJob(plan.procs, pmi=False, python="", patience=2.0).to_bytes()))
+    try:
+        deadline = time.monotonic() + 30
+        while len(procs_with(token)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        assert agent.link.proc.wait(10) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 10
+        assert_none_with(token, 5.0, "ranks of the stopped agent")
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
+    """`python -m trainrun.run.reaper JOB HOST PID:START` (what the launcher runs on a lost host): a stopped
+    subreaper (the agent) with a child (a rank) that left an `env -i setsid` sleeper and a double-forked
+    daemon with no environment: all of them end, and it exits 0. A PID:START of another process is refused."""
+    import signal
+    import subprocess
+    import uuid
+
+    from launch_helpers import procs_with, worker
+
+    from trainrun.run import reaper
+
+    token = f"swp{uuid.uuid4().hex[:8]}"
+    code = ("import ctypes, os, subprocess, sys, time; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
+            f"subprocess.Popen([sys.executable, {worker('escapees.py')!r}, {token!r}, 'sleep'], "
+            "env={**os.environ, 'RANK': '0'}); time.sleep(120)")
+    owner = subprocess.Popen([sys.executable, "-c", code, token])
+    try:
+        deadline = time.monotonic() + 30
+        while len(procs_with(token)) < 4 and time.monotonic() < deadline:  # owner, rank, 2 escapees
+            time.sleep(0.1)
+        assert len(procs_with(token)) == 4
+        os.kill(owner.pid, signal.SIGSTOP)
+        me = reaper.stat(owner.pid)
+        wrong = subprocess.run([sys.executable, "-m", "trainrun.run.reaper", "nojob", "far", f"{owner.pid}:{me.start + 1}"],
+                               capture_output=True, text=True, timeout=30)
+        assert wrong.returncode == 0 and len(procs_with(token)) == 4  # not the process that started then: spared
+        r = subprocess.run([sys.executable, "-m", "trainrun.run.reaper", "nojob", "far", f"{owner.pid}:{me.start}"],
+                           capture_output=True, text=True, timeout=30)
+        assert (r.returncode, r.stdout.strip()) == (0, "clean")
+        assert owner.wait(5) == -signal.SIGKILL
+        assert procs_with(token) == []
+    finally:
+        owner.kill()
+        owner.wait()
+        for pid in procs_with(token):
+            os.kill(pid, signal.SIGKILL)

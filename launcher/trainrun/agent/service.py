@@ -13,7 +13,8 @@ every process of the job on its host that left them (it is a child subreaper: ru
 write to the launcher that blocks (a full channel) is given up on by the same silence rule. If the agent
 itself is killed, its Watchdog does the same; if it is stopped (SIGSTOP) for `patience` seconds, the
 Watchdog kills it and its ranks. HELLO carries the agent's pid and start time, so that the launcher can
-kill this agent's tree over a fresh connection when it stops answering (run/reaper.py's main). When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
+kill this agent's tree over a fresh connection when it stops answering (run/reaper.py's main).
+When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
 cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
 restart) or EOF, keeping its host's committed state (run/control.py) in memory across attempts.
 """
@@ -98,7 +99,10 @@ class Agent:
         self.send(wire.frame(wire.STACKS, -1, DumpReply(request, tuple(stacks)).to_bytes()))
 
     def _on_stdin(self, watchdog: Watchdog) -> None:
-        data = os.read(self.in_fd, 1 << 16)
+        try:
+            data = os.read(self.in_fd, 1 << 16)
+        except BlockingIOError:  # stdin and stdout may share one file (a socket): it is non-blocking too
+            return
         if not data:
             self.done = True  # launcher gone: the finally in run() kills everything
             return
