@@ -12,29 +12,14 @@ way round), and imports mpi4py and the engine only when a session starts.
 """
 from __future__ import annotations
 
-import os
 import threading
-from typing import NamedTuple
 
 from trainrun.runtime.fusion import OutputPool
 from trainrun.runtime.handles import Handles
+from trainrun.runtime.horovod_env import Settings  # read from TRAINRUN_*/HOROVOD_* at init (horovod_env.py)
 from trainrun.runtime.topology import Topology
 
 NOT_INIT = "Horovod has not been initialized; use hvd.init()."
-
-
-class Settings(NamedTuple):
-    """Read from the environment at init, TRAINRUN_* first, then Horovod's HOROVOD_* names."""
-    fusion_threshold: int       # FUSION_THRESHOLD, bytes (default 64 MiB)
-    stall_timeout: float        # STALL_TIMEOUT, seconds (default 60)
-    timeline_path: str | None   # TIMELINE: a Chrome trace written at shutdown (global set only)
-
-    @classmethod
-    def from_env(cls, environ=os.environ) -> Settings:
-        def setting(name: str, default: str | None) -> str | None:
-            return environ.get(f"TRAINRUN_{name}", environ.get(f"HOROVOD_{name}", default))
-        return cls(int(setting("FUSION_THRESHOLD", str(64 * 1024 * 1024))), float(setting("STALL_TIMEOUT", "60")),
-                   setting("TIMELINE", None) or None)
 
 
 class Session:
@@ -54,7 +39,7 @@ class Session:
 
         s = self.settings
         engine = Engine(comm, comm.Get_rank(), comm.Get_size(), fusion_threshold=s.fusion_threshold,
-                        stall_timeout=s.stall_timeout, set_id=set_id, ranks=ranks,
+                        stall_timeout=s.stall_timeout, cache_capacity=s.cache_capacity, set_id=set_id, ranks=ranks,
                         timeline_path=s.timeline_path if set_id == 0 else None)
         self.engines[set_id] = engine
         return engine
@@ -110,6 +95,7 @@ class Runtime:
         self.handles = Handles(lambda: self.current().engines[0])
         self.outputs = OutputPool()   # grouped outputs' buffers (api.py)
         self.exit_hooked = False      # state.py's atexit/excepthook are installed
+        self.settings_reported = False  # rank 0 printed the settings' notes (state.py), once per process
         self.crashed = False          # the interpreter is exiting after an unhandled exception
 
     def current(self) -> Session:

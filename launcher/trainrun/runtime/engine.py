@@ -51,7 +51,7 @@ import time
 
 from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend
-from trainrun.runtime.cache import ResponseCache
+from trainrun.runtime.cache import CAPACITY, ResponseCache
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.completion import Completion
 from trainrun.runtime.driver import Driver
@@ -85,7 +85,7 @@ class _Backoff:
 
 
 class Engine(LoneOp, Driver, Completion):
-    def __init__(self, comm, rank: int, size: int, *, fusion_threshold: int, stall_timeout: float,
+    def __init__(self, comm, rank: int, size: int, *, fusion_threshold: int, stall_timeout: float, cache_capacity: int = CAPACITY,
                  timeline_path: str | None = None, set_id: int = 0, ranks: list[int] | None = None):
         """Collective over `comm` (duplicates it twice). Starts the background thread. `set_id` and
         `ranks` (global ranks of comm's members) name the process set it serves (process_sets.py)."""
@@ -98,7 +98,7 @@ class Engine(LoneOp, Driver, Completion):
         self._timeline = tl.Timeline(rank, self._ctrl.bcast(time.time(), root=0)) if timeline_path else None
         self._coll = Collectives(self._backend, rank, size, self._timeline)
         # ranks fuse cached ops themselves: they must agree on the threshold, so rank 0's counts
-        self._threshold = self._ctrl.bcast(fusion_threshold, root=0)
+        self._threshold, capacity = self._ctrl.bcast((fusion_threshold, cache_capacity), root=0)  # and cache ids
         self._coord = Coordinator(size, self._threshold, stall_timeout) if rank == 0 else None
         self._tick = min(1.0, stall_timeout / 4)
 
@@ -128,7 +128,7 @@ class Engine(LoneOp, Driver, Completion):
         self._round_send = self._round_recv = None  # that round's buffers (the last round's, after it)
         self._round_words = 0
         self._rounds = 0                         # rounds completed (the background thread's sign of activity)
-        self._cache = ResponseCache()
+        self._cache = ResponseCache(capacity)
         self._partial_since: float | None = None  # rank 0: since when some cached op is ready on some ranks only
         self._shutdown_ok = False
 
@@ -298,6 +298,16 @@ class Engine(LoneOp, Driver, Completion):
             os._exit(1)
         self._thread = None
         self._fail_all(HorovodInternalError(f"trainrun stopped on this rank: {reason}"))
+
+    @property
+    def fusion_threshold(self) -> int:
+        """Bytes; rank 0's setting, which every rank uses."""
+        return self._threshold
+
+    @property
+    def cache_capacity(self) -> int:
+        """Signatures the response cache numbers; rank 0's setting, which every rank uses."""
+        return self._cache.capacity
 
     @property
     def reductions(self) -> int:

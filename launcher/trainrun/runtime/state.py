@@ -6,18 +6,20 @@ Thin accessors over the one runtime object (context.RUNTIME) and the process-set
 `init()` is idempotent and collective (all ranks call it); `shutdown()` too, and it also runs at exit
 -- except after an unhandled exception, when this rank aborts instead (Engine.abort), so the others
 fail fast rather than wait for it.
-Settings come from the environment, TRAINRUN_* first, then Horovod's HOROVOD_* names:
-FUSION_THRESHOLD (bytes, default 64 MiB), STALL_TIMEOUT (seconds, default 60; Horovod's
-STALL_SHUTDOWN_TIME_SECONDS is not read), TIMELINE (path of a Chrome trace written at shutdown).
+Settings come from the environment at init, TRAINRUN_* first, then Horovod's HOROVOD_* names (horovod_env.py:
+fusion threshold, response-cache capacity, stall timeout, timeline, log level); rank 0 prints, once per
+process, a line for each HOROVOD_* variable that has no effect here (and, at log level info, the settings).
 Everything else raises ValueError before init, as Horovod does.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 
 from trainrun.runtime import process_sets as _sets
-from trainrun.runtime.context import RUNTIME, Session, Settings
+from trainrun.runtime import horovod_env
+from trainrun.runtime.context import RUNTIME, Session
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401 (ProcessSet: as before)
 from trainrun.runtime.topology import Topology
 
@@ -44,8 +46,10 @@ def init(comm=None, process_sets=None) -> None:
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise RuntimeError("trainrun needs MPI initialized with at least MPI_THREAD_SERIALIZED "
                                "(mpi4py's default is MULTIPLE; check mpi4py.rc.thread_level)")
-        session = Session(topology.from_mpi(comm), comm, Settings.from_env())
+        session = Session(topology.from_mpi(comm), comm, horovod_env.read(os.environ))
         engine = session.start_engine(comm, 0, list(range(session.topology.size)))
+        if session.topology.rank == 0:
+            _report_settings(session.settings, engine)
         session.sets[0] = global_process_set
         RUNTIME.session = session
         rankhook.install(engine)  # stacks without ptrace, progress and stalls for the launcher (diag/)
@@ -55,6 +59,21 @@ def init(comm=None, process_sets=None) -> None:
             RUNTIME.exit_hooked = True
     for ps in process_sets or ():
         add_process_set(ps)
+
+
+def _report_settings(settings: horovod_env.Settings, engine) -> None:
+    """Rank 0, at the first init of this process: the HOROVOD_* variables that have no effect (unless the log level
+    is error or fatal), and at level info or below the settings the engine runs with (rank 0's, which all use)."""
+    if RUNTIME.settings_reported:
+        return
+    RUNTIME.settings_reported = True
+    lines = [] if settings.quiet else list(settings.notes)
+    if settings.verbose:
+        lines.append(f"trainrun: settings: fusion threshold {engine.fusion_threshold} B, cache capacity "
+                     f"{engine.cache_capacity}, stall timeout {settings.stall_timeout:g} s, "
+                     f"timeline {settings.timeline_path or 'off'}, log level {settings.log_level}")
+    if lines:
+        print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def shutdown() -> None:

@@ -112,8 +112,10 @@ def shared_gpus(places: list[tuple[str, str]]) -> list[tuple[int, ...]]:
 
 def gpu_operations() -> str:
     """'nccl' or 'mpi' for CUDA tensors: TRAINRUN_GPU_OPERATIONS (or HOROVOD_GPU_OPERATIONS), else
-    'nccl' when the library loads. 'mpi' stages CUDA tensors through host memory."""
-    choice = os.environ.get("TRAINRUN_GPU_OPERATIONS", os.environ.get("HOROVOD_GPU_OPERATIONS", "")).lower()
+    'nccl' when the library loads. 'mpi' stages CUDA tensors through host memory. Another HOROVOD_ value (a build
+    setting there: NCCL, DDL, ...) counts as unset; rank 0 says so at init (runtime/horovod_env.py)."""
+    horovod = os.environ.get("HOROVOD_GPU_OPERATIONS", "").strip().lower()
+    choice = os.environ.get("TRAINRUN_GPU_OPERATIONS", horovod if horovod in ("nccl", "mpi") else "").lower()
     if choice not in ("", "nccl", "mpi"):
         raise ValueError(f"TRAINRUN_GPU_OPERATIONS={choice!r}: use 'nccl' or 'mpi'")
     if choice == "nccl" and not available():
