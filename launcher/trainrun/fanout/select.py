@@ -63,4 +63,4 @@ def engine_for(cfg, source: HostSource) -> FanoutEngine:
         return SrunEngine(source.allocation, python)
     from trainrun.fanout.ssh_engine import SSHEngine, ssh_options
 
-    return SSHEngine(ssh_options(cfg), python, cfg.ssh_parallelism)
+    return SSHEngine(ssh_options(cfg), python, cfg.ssh_parallelism, strict_python=cfg.python is not None)

@@ -12,11 +12,31 @@ from trainrun.fanout import ssh
 from trainrun.plan.hosts import HostSpec
 
 
-def python_module_command(python: str, module: str, *args: str) -> str:
+# Picks the interpreter, then execs it: $1 (a file that can run), else python3 from PATH unless $2 is "strict"
+# (--python given: that path or nothing). When there is none it says so on stderr's first line, NO_PYTHON and
+# the name, and exits 127 (rather than the shell's "exec: python3: not found" or "Permission denied").
+NO_PYTHON = "trainrun-no-python:"
+_PICK = ('p=$1; s=$2; shift 2; if [ ! -f "$p" ] || [ ! -x "$p" ]; then '
+         f'if [ "$s" = strict ]; then echo "{NO_PYTHON} $p" >&2; exit 127; fi; '
+         f'p=$(command -v python3) && [ -f "$p" ] && [ -x "$p" ] || {{ echo "{NO_PYTHON} python3" >&2; exit 127; }}; '
+         'fi; exec "$p" -m "$@"')
+
+
+def python_module_command(python: str, module: str, *args: str, strict: bool = False) -> str:
     """The shell line that runs `python -m module args...` on a host: the requested interpreter if it
-    exists there, else python3 (the --python rule)."""
-    pick = 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"'
-    return ssh.remote_command(["sh", "-c", pick, "trainrun", python, module, *args])
+    exists there, else python3 (the --python rule); with `strict` (--python given) that interpreter only."""
+    return ssh.remote_command(["sh", "-c", _PICK, "trainrun", python, "strict" if strict else "", module, *args])
+
+
+def no_python_error(host: str, stderr: str) -> HostError | None:
+    """The HostError for a host where _PICK found no interpreter (stderr's first line says which), else None."""
+    first = stderr.lstrip().partition("\n")[0]
+    if not first.startswith(NO_PYTHON):
+        return None
+    name = first[len(NO_PYTHON):].strip()
+    if name == "python3":
+        return HostError(host, "python", "python3 not found", hint="pass --python")
+    return HostError(host, "python", f"--python {name}: no such interpreter there", hint="check the path given to --python")
 
 
 def ssh_options(cfg) -> ssh.SSHOptions:
@@ -34,6 +54,7 @@ class SSHLink:
     def __init__(self, host: str, client, command: str):
         self.host = host
         self.client = client
+        self._first_err = b""  # stderr up to its first newline: NO_PYTHON there ends the start at once
         transport = client.get_transport()
         self.peer_address = transport.getpeername()[0]
         self.local_address = transport.sock.getsockname()[0]
@@ -50,6 +71,10 @@ class SSHLink:
         while ch.recv_stderr_ready():
             err += ch.recv_stderr(1 << 16)
         ended = (ch.eof_received or ch.closed) and not ch.recv_ready()
+        if err and b"\n" not in self._first_err:
+            self._first_err += err
+            if (failed := no_python_error(self.host, self._first_err.decode(errors="replace"))) and b"\n" in self._first_err:
+                raise failed
         return bytes(out), bytes(err), ended
 
     def write(self, data: bytes) -> None:
@@ -110,13 +135,14 @@ class SSHModuleChannel:
 
 
 class SSHEngine:
-    """FanoutEngine over SSH (paramiko). `python`: the interpreter asked for on remote hosts (--python)."""
+    """FanoutEngine over SSH (paramiko). `python`: the interpreter asked for on remote hosts; `strict_python`:
+    it was given with --python, so no other is taken in its place."""
 
     name = "ssh"
     reaches_local = False
 
-    def __init__(self, opts: ssh.SSHOptions, python: str, parallelism: int = 64):
-        self.opts, self.python, self.parallelism = opts, python, parallelism
+    def __init__(self, opts: ssh.SSHOptions, python: str, parallelism: int = 64, strict_python: bool = False):
+        self.opts, self.python, self.parallelism, self.strict_python = opts, python, parallelism, strict_python
         self.clients: dict = {}
         self.targets: dict[str, str] = {}  # host name -> what was connected to (user@host:port)
 
@@ -130,14 +156,14 @@ class SSHEngine:
         return {names[k]: err for k, err in failures.items()}
 
     def start_agent(self, host: str) -> SSHLink:
-        return SSHLink(host, self.clients[host], python_module_command(self.python, "trainrun.agent"))
+        return SSHLink(host, self.clients[host], python_module_command(self.python, "trainrun.agent", strict=self.strict_python))
 
     def run_module(self, host: str, module: str, *args: str, python: str | None = None,
                    timeout: float = 30.0) -> SSHModuleChannel:
         """Raises OSError/EOFError/paramiko.SSHException when the connection is gone."""
         ch = self.clients[host].get_transport().open_session(timeout=timeout)
         ch.settimeout(timeout)
-        ch.exec_command(python_module_command(python or self.python, module, *args))
+        ch.exec_command(python_module_command(python or self.python, module, *args, strict=self.strict_python and not python))
         return SSHModuleChannel(ch)
 
     def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None,
