@@ -27,6 +27,7 @@ STREAMS = {1: "stdout", 2: "stderr"}
 # `[1,0]<stdout>:` that Horovod users grep for (mpi; 1 is the job's number there), the same after a time
 PREFIXES = ("rank", "timestamp", "mpi", "mpi-timestamp", "none")
 MAX_LINE = 1 << 16
+SIGPIPE_EXIT = 128 + 13  # the reader of our output went away (`trainrun ... | head`): what a shell reports for SIGPIPE
 TAIL_LINES = 200  # kept per rank for the failure summary (result.py picks what to show, e.g. a traceback)
 TAIL_LINE_CHARS = 2000
 
@@ -34,6 +35,29 @@ TAIL_LINE_CHARS = 2000
 def _cut(line: bytes) -> list[bytes]:
     """A line as pieces of at most MAX_LINE bytes (an empty line stays one empty piece)."""
     return [line[i:i + MAX_LINE] for i in range(0, len(line), MAX_LINE)] or [b""]
+
+
+def reader_gone(fd: int) -> bool:
+    """True if `fd` is a pipe or socket whose reading end is closed, so that writes to it fail with EPIPE
+    (poll reports POLLERR for a pipe without readers; a file or an open terminal never reports it)."""
+    import select
+
+    poller = select.poll()
+    try:
+        poller.register(fd, select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def silence_closed_outputs() -> None:
+    """Point fd 1 and 2 at /dev/null where their reader has gone: the interpreter's flush at exit then
+    has nowhere to fail ("Exception ignored ... BrokenPipeError")."""
+    for fd in (1, 2):
+        if reader_gone(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
 
 
 def prepare_output_dir(path: str) -> None:
