@@ -127,6 +127,9 @@ class LocalRanks:
             if not os.path.isdir(spec.cwd):
                 self.kill()
                 raise ProgramError(f"rank {spec.rank} on {spec.host}: working directory {spec.cwd} does not exist there; pass --workdir", exit_code=127)
+            if (script := _python_script(spec.argv)) and not os.path.isfile(os.path.join(spec.cwd, script)):
+                self.kill()  # as a missing binary is: 127 and one line, not Python's "can't open file" and exit 2
+                raise ProgramError(f"rank {spec.rank} on {spec.host}: program {script}: no such file (in {spec.cwd})", exit_code=127)
             try:
                 self._start_one(spec, sel, watchdog, cores)
             except OSError as err:
@@ -354,6 +357,11 @@ class LocalRanks:
 
     def abandon(self) -> None:
         """Local ranks always report after SIGKILL: nothing to give up on."""
+
+
+def _python_script(argv: tuple[str, ...]) -> str | None:
+    """The script of `python SCRIPT.py ...` (how a .py program runs), else None."""
+    return argv[1] if len(argv) > 1 and argv[1].endswith(".py") and os.path.basename(argv[0]).startswith("python") else None
 
 
 def _exec_error(spec: ProcessSpec, err: OSError) -> ProgramError:
