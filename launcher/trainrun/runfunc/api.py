@@ -1,0 +1,255 @@
+"""`trainrun.run(func, ...)` and `horovod.run(func, ...)`: a function on N ranks, its return values back.
+
+The job is an ordinary trainrun launch, run as a child process (`python -m trainrun ... python -m
+trainrun.runfunc.task`): the same checks, environment contract, MPI world, fail-fast and teardown as
+`trainrun ... train.py`, and the caller's process (a script, a Jupyter kernel) keeps its own signal
+handlers. The call and the outcomes travel as wire.py says. The launcher's output is passed on to the
+caller's sys.stdout/sys.stderr (so a notebook shows it), less the outcome lines.
+
+If the caller dies, the launcher gets SIGTERM (PR_SET_PDEATHSIG) and tears the job down; Ctrl-C (or a
+notebook's interrupt) in the caller is passed to the launcher, which ends the ranks, and then raised.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import replace
+
+from trainrun.errors import TrainrunError, UsageError
+from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, Collector, RankFailure, call_env, private_file
+
+# trainrun options run() decides itself or that make no sense for a function call
+NOT_FOR_RUN = {"prefix": "the outcome lines need the rank prefix", "fold": "the outcome lines need every rank's output",
+               "show_ranks": "the outcome lines need every rank's output", "check": "use trainrun --check",
+               "perf": "use trainrun --check --perf", "perf_strict": "use trainrun --check --perf",
+               "perf_time": "use trainrun --check --perf", "dry_run": "use trainrun --dry-run",
+               "json": "use trainrun --dry-run --json"}
+
+
+class RankError(TrainrunError):
+    """A rank's function raised. `rank`, `host`, `traceback` (the rank's own text), `exception` (the
+    exception object, when it could be pickled back; else None); `failures`: every rank's that raised."""
+
+    def __init__(self, failure: RankFailure, failures: list[RankFailure]):
+        self.rank, self.host, self.traceback = failure.rank, failure.host, failure.traceback
+        self.exception, self.failures = failure.exception, failures
+        others = [f.rank for f in failures if f.rank != failure.rank]
+        more = f" (rank(s) {', '.join(map(str, others))} raised too)" if others else ""
+        super().__init__(f"rank {failure.rank} on {failure.host} raised {failure.type_name}: {failure.message}{more}\n"
+                         f"--- rank {failure.rank}'s traceback ---\n{failure.traceback.rstrip()}")
+
+
+class RunError(TrainrunError):
+    """The job ended without every rank's return value (a rank killed or exited, a host lost, a start-up
+    failure): the launcher's exit code and its last lines."""
+
+
+def _option_argv(options: dict) -> list[str]:
+    """trainrun's long options (by their Python names: ssh_port=2222, output_dir="logs") as argv, checked
+    by the command's own parser and LaunchConfig (UsageError in the caller, before anything starts)."""
+    import click
+
+    from trainrun.cli.command import cli
+
+    params = {p.name: p for p in cli.params if isinstance(p, click.Option) and p.expose_value}
+    argv: list[str] = []
+    for name, value in options.items():
+        if name in NOT_FOR_RUN:
+            raise UsageError(f"run(): {name} cannot be given ({NOT_FOR_RUN[name]})")
+        p = params.get(name)
+        if p is None:
+            raise UsageError(f"run(): unknown option {name!r}; options are trainrun's long options by their Python "
+                             "names, e.g. hosts='h1:2,h2:2', ssh_port=2222, output_dir='logs', min_np=2")
+        if value is None or value is False:
+            continue
+        flag = max(p.opts, key=len)
+        if p.is_flag:
+            argv.append(flag)
+        elif p.multiple:
+            for v in value:
+                argv += [flag, str(v)]
+        elif isinstance(value, (tuple, list)):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    check_argv(argv)
+    return argv
+
+
+def check_argv(argv: list[str]) -> None:
+    """UsageError unless `argv` is a valid set of trainrun options (its parser and LaunchConfig's checks)."""
+    import click
+
+    from trainrun.cli.command import cli
+    from trainrun.cli.config import LaunchConfig
+
+    try:
+        ctx = cli.make_context("trainrun", list(argv) + ["--", "python"])
+    except click.ClickException as err:
+        raise UsageError(f"run(): {err.format_message()}") from None
+    p = dict(ctx.params)
+    LaunchConfig(command=tuple(p.pop("command")), json=p.pop("json_"), **p)
+
+
+def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None = None, hostfile: str | None = None,
+        executable: str | None = None, env: dict | None = None, **options) -> list:
+    """Run `func(*args, **kwargs)` on `np` ranks (on this machine, or over `hosts`/`hostfile` like
+    `trainrun -np N -H ...`) and return the list of their return values, in rank order.
+
+    Each rank runs under trainrun's environment contract (RANK, WORLD_SIZE, ... and the MPI world:
+    `import trainrun.torch as hvd; hvd.init()` inside `func`). `options` are trainrun's other long
+    options by their Python names (ssh_port=2222, network_interface="eth1", min_np=2, max_restarts=3,
+    output_dir="logs", ...); `env` adds variables for the ranks (`-x`); `executable`: the ranks'
+    Python (default: this one). func, args and kwargs are cloudpickled (functions of `__main__` by
+    value); results must pickle too.
+
+    Raises RankError when a rank's function raised (rank, host, its traceback), RunError when the job
+    ended otherwise without every result, UsageError for a bad option (before anything starts).
+    With elastic options the values are those of the last attempt's ranks."""
+    opts = dict(options)
+    if np is not None:
+        opts["num_proc"] = np
+    if hosts is not None:
+        opts["hosts"] = hosts
+    if hostfile is not None:
+        opts["hostfile"] = hostfile
+    if env:
+        opts["export"] = [f"{k}={v}" for k, v in env.items()]
+    argv = _option_argv(opts)
+    local = not (hosts or hostfile or options.get("host_discovery_script") or os.environ.get("SLURM_JOB_ID"))
+    return launch_call(func, args, kwargs, argv, local=local, executable=executable)
+
+
+def _call_blob(func, args, kwargs) -> bytes:
+    import cloudpickle
+
+    main = sys.modules.get("__main__")
+    here = os.path.dirname(os.path.abspath(main.__file__)) if getattr(main, "__file__", None) else None
+    try:
+        return cloudpickle.dumps((func, tuple(args), dict(kwargs or {}), [here] if here else []))
+    except Exception as err:
+        raise UsageError(f"run(): the function or its arguments cannot be pickled: {type(err).__name__}: {err}") from None
+
+
+def launch_call(func, args, kwargs, option_argv: list[str], *, local: bool, executable: str | None = None,
+                out=None, err=None) -> list:
+    """Start the launcher for `option_argv` (trainrun options, checked) with the call, pass its output on,
+    return the values (see run())."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    blob = _call_blob(func, args, kwargs)
+    nonce = secrets.token_hex(8)
+    child_env = {**os.environ, ENV_NONCE: nonce}
+    with tempfile.TemporaryDirectory(prefix="trainrun-run-") as folder:
+        carry = call_env(blob)
+        if carry is None and not local:
+            raise UsageError(f"run(): the function and its arguments pickle to {len(blob) >> 10} KiB; at most "
+                             f"{(3 << 20) // 4 >> 10} KiB reach remote hosts (in the ranks' environment): load "
+                             "big data inside the function instead (from a path every host sees)")
+        child_env.update(carry if carry is not None else {ENV_FILE: private_file(folder, blob)})
+        argv = [sys.executable, "-m", "trainrun", *option_argv, "--prefix", "rank", "--",
+                executable or sys.executable, "-m", "trainrun.runfunc.task"]
+        collector = Collector(nonce)
+        tail: list[str] = []
+        code = _supervise(argv, child_env, collector, out, err, tail)
+    return _values(collector, code, tail, func)
+
+
+def _die_with_parent():
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _supervise(argv, env, collector: Collector, out, err, tail: list[str]) -> int:
+    """Run the launcher to its end; its stdout through `collector` to `out`, its stderr to `err` (the
+    last lines kept in `tail`). Ctrl-C: passed on to the launcher, waited for, raised."""
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_die_with_parent)
+
+    def pump_out():
+        for line in proc.stdout:
+            shown = collector.feed(line)
+            if shown is not None:
+                out.write(shown.decode(errors="replace"))
+                out.flush()
+
+    def pump_err():
+        for line in proc.stderr:
+            text = line.decode(errors="replace")
+            tail.append(text.rstrip("\n"))
+            del tail[:-20]
+            err.write(text)
+            err.flush()
+
+    threads = [threading.Thread(target=pump_out, daemon=True), threading.Thread(target=pump_err, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=10)
+    return code
+
+
+def _named_sources(func, text: str) -> str:
+    """The rank's traceback with the frames of functions sent by value (cloudpickle names their file
+    `<dynamic-code>`) given back their file and source line, from the caller's own: `func` and the
+    functions of `__main__` (a script, a notebook's cells), matched by name."""
+    import linecache
+    import re
+    import types
+
+    codes = {}
+    for obj in [func, *vars(sys.modules.get("__main__", types.ModuleType("m"))).values()]:
+        code = getattr(obj, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes.setdefault(code.co_name, code.co_filename)
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = re.match(r'(\s*)File "<dynamic-code>", line (\d+), in (\S+)', line)
+        if m and m.group(3) in codes:
+            path, lineno = codes[m.group(3)], int(m.group(2))
+            line = f'{m.group(1)}File "{path}", line {lineno}, in {m.group(3)}\n'
+            source = linecache.getline(path, lineno).strip()
+            if source:
+                line += f"{m.group(1)}  {source}\n"
+        out.append(line)
+    return "".join(out)
+
+
+def _values(collector: Collector, code: int, tail: list[str], func=None) -> list:
+    """The values of the last attempt's ranks in rank order, or the error that says why there are none."""
+    import cloudpickle
+
+    records = {k: cloudpickle.loads(v) for k, v in collector.outcomes().items()}
+    last = max((a for a, _ in records), default=0)
+    failures = [records[k][1] for k in collector.order if k[0] == last and records[k][0] == "error"]
+    if failures:
+        failures = [replace(f, traceback=_named_sources(func, f.traceback)) for f in failures]
+        raise RankError(failures[0], failures)
+    said = next((line for line in reversed(tail) if line.startswith("trainrun: error: ")), None)
+    if code == UsageError.exit_code and said:
+        raise UsageError(said.removeprefix("trainrun: error: "))
+    ranks = sorted(r for a, r in records if a == last)
+    size = max((records[(last, r)][2] for r in ranks), default=None)
+    if code != 0 or size is None or ranks != list(range(size)):
+        got = f"{len(ranks)} of {size} rank(s) returned" if size else "no rank returned"
+        why = said.removeprefix("trainrun: error: ") if said else " / ".join(tail[-3:]) or "no message"
+        raise RunError(f"the job ended with exit code {code} before every rank returned ({got}): {why}",
+                       exit_code=code or 1)
+    return [records[(last, r)][1] for r in ranks]
