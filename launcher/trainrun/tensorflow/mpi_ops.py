@@ -28,7 +28,7 @@ from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
-from trainrun.tensorflow import buffers
+from trainrun.tensorflow import buffers, failures, native
 from trainrun.tensorflow.compression import Compression
 
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor  # (no public name; making a tensor
@@ -74,15 +74,37 @@ def _graph_name(kind: str, name, tensor) -> str:
 
 def _pyfunc(fn, inputs, tout, op_name):
     """One stateful numpy_function node. bfloat16 crosses it as float32 (numpy_function hands bfloat16
-    back as zeros in TF 2.21), so such values are reduced in float32 and rounded once."""
+    back as zeros in TF 2.21), so such values are reduced in float32 and rounded once.
+
+    A failure of the collective leaves the node as (code, message) outputs, raised by a TrainrunCheck
+    node with Horovod's TF error type (failures.py) before any output is used; where that kernel cannot
+    be built the node raises (TF then reports UnknownError, or InvalidArgumentError for a ValueError)."""
     bf16 = tf.bfloat16
     inputs = [tf.cast(t, tf.float32) if t.dtype == bf16 else t for t in inputs]
     many = isinstance(tout, (list, tuple))
     touts = list(tout) if many else [tout]
-    outs = tf.numpy_function(fn, inputs, [tf.float32 if t == bf16 else t for t in touts], stateful=True,
-                             name=op_name)
+    node_touts = [tf.float32 if t == bf16 else t for t in touts]
+    check = native.check_op()
+    if check is None:
+        outs = tf.numpy_function(fn, inputs, node_touts, stateful=True, name=op_name)
+    else:
+        empties = [np.zeros(0, t.as_numpy_dtype) for t in node_touts]
+
+        def checked(*a):
+            try:
+                result = fn(*a)
+            except failures.CAUGHT as e:
+                return [*empties, *failures.code_of(e)]
+            return [*(result if many else [result]), _OK, _NO_MESSAGE]
+        *outs, code, message = tf.numpy_function(checked, inputs, [*node_touts, tf.int32, tf.string],
+                                                 stateful=True, name=op_name)
+        with tf.control_dependencies([check(code, message)]):
+            outs = [tf.identity(o) for o in outs]
     outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
     return outs if many else outs[0]
+
+
+_OK, _NO_MESSAGE = np.int32(failures.OK), np.bytes_(b"")
 
 
 def _set_rank(process_set) -> tuple[int, int]:
@@ -213,10 +235,18 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         a = tensor._numpy()
         if a.dtype in _PLAIN:  # the common eager call (a metric, a custom loop), without the layers below
             out = buffers.empty_like(a)
-            api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
-                               dtype_name(a.dtype), name, Average if op is None else op, prescale_factor,
-                               postscale_factor)
+            try:
+                api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
+                                   dtype_name(a.dtype), name, Average if op is None else op, prescale_factor,
+                                   postscale_factor)
+            except failures.CAUGHT as e:
+                raise failures.as_tf_error(e) from None
             return buffers.adopt(out)
+    return _allreduce_any(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set)
+
+
+@failures.raising
+def _allreduce_any(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set):
     op = _check_op(handle_average_backwards_compatibility(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
@@ -236,6 +266,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return compression.decompress(reduced, ctx)
 
 
+@failures.raising
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
                       process_set=global_process_set) -> list:
@@ -254,6 +285,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
 
 
+@failures.raising
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Every rank's tensor concatenated along dim 0 (which may differ per rank). Differentiable."""
     tensor = tf.convert_to_tensor(tensor)
@@ -267,6 +299,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     return _recorded(lambda x: _allgather(x, name, process_set), backward, tensor)
 
 
+@failures.raising
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
     """root_rank's tensor (root_rank: a global rank) on every rank of the set. Differentiable."""
     tensor = tf.convert_to_tensor(tensor)
@@ -279,6 +312,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     return _recorded(lambda x: _broadcast(x, root_rank, name, process_set), backward, tensor)
 
 
+@failures.raising
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None,
                   process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
                   postscale_factor=1.0):
@@ -296,6 +330,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     return compression.decompress(out, ctx)
 
 
+@failures.raising
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None). Returns (output, received_splits),
     as horovod.tensorflow does. Not differentiable."""

@@ -1,0 +1,76 @@
+"""TensorFlow kernels trainrun builds from source on first use (check_op.cc: TrainrunCheck).
+
+The library is compiled once per TensorFlow version and source with the compiler and flags TensorFlow
+reports (tf.sysconfig), into TRAINRUN_CACHE_DIR (default ~/.cache/trainrun), under a file lock so
+that the ranks of a job on one host compile it once. Where it cannot be built (no C++ compiler, no
+TensorFlow headers) `check_op()` is None and callers keep their pure-Python behaviour.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import tensorflow as tf
+
+_SOURCE = Path(__file__).with_name("check_op.cc")
+_UNSET = object()
+_loaded = _UNSET
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRAINRUN_CACHE_DIR") or Path.home() / ".cache" / "trainrun")
+
+
+def _flags() -> list[str]:
+    return [*tf.sysconfig.get_compile_flags(), "-shared", "-fPIC", "-O2", "-w"]
+
+
+def library_path() -> Path:
+    """Where the compiled library for this TensorFlow and this source lives."""
+    key = hashlib.sha1(_SOURCE.read_bytes() + tf.__version__.encode() + " ".join(_flags()).encode()).hexdigest()[:16]
+    return cache_dir() / f"trainrun_tf_ops.{tf.__version__}.{key}.so"
+
+
+def _build(target: Path) -> None:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (c++/g++) on PATH")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another rank on this host may be building it
+        if target.exists():
+            return
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            proc = subprocess.run([cxx, *_flags(), str(_SOURCE), "-o", tmp, *tf.sysconfig.get_link_flags()],
+                                  capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cxx} failed: {proc.stderr.strip().splitlines()[-1:] or proc.returncode}")
+            os.replace(tmp, target)  # atomic: a reader sees no file or the whole library
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def check_op():
+    """The TrainrunCheck op (`check_op()(code, message)`), or None where it cannot be built (said once
+    on stderr)."""
+    global _loaded
+    if _loaded is _UNSET:
+        try:
+            path = library_path()
+            if not path.exists():
+                _build(path)
+            _loaded = tf.load_op_library(str(path)).trainrun_check
+        except Exception as e:  # noqa: BLE001 (any failure: fall back, and say why)
+            print(f"trainrun: warning: TensorFlow errors in graphs stay UnknownError: cannot build the "
+                  f"TrainrunCheck kernel ({e})", file=sys.stderr)
+            _loaded = None
+    return _loaded

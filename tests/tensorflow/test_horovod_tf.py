@@ -1,0 +1,39 @@
+"""Horovod 0.28.1's TensorFlow behaviour on 2, 3 and 4 ranks: one launch per size runs every case of
+workers/tf_horovod.py (TensorFlow's import costs seconds a rank)."""
+import importlib.util
+
+import pytest
+
+from tests.runtime.launch import check, run_ranks
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("TensorFlow not installed: pip install 'trainrun[tensorflow]'", allow_module_level=True)
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+WORKER = Path(__file__).parent / "workers" / "tf_horovod.py"
+# the stall case waits this long; generous for a loaded machine, short enough for the suite
+ENV = {"TRAINRUN_STALL_TIMEOUT": "10", "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
+CASES = ["mismatches_raise_failed_precondition", "bad_arguments_raise_invalid_argument",
+         "a_tensor_one_rank_never_submits_raises_failed_precondition"]
+SIZES = [2, 3, 4]
+
+
+@pytest.fixture(scope="module", params=SIZES, ids=[f"np{n}" for n in SIZES])
+def results(request, tmp_path_factory):
+    n, out = request.param, tmp_path_factory.mktemp(f"tfh{request.param}")
+    proc = run_ranks(WORKER, n, [str(out)], env=ENV, timeout=600)
+    res = {}
+    for r in range(n):
+        path = out / f"rank{r}.json"
+        assert path.exists(), f"rank {r} wrote no results (rc={proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        for name, err in json.loads(path.read_text()).items():
+            res.setdefault(name, []).append(err)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return res
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case(results, case):
+    check(results, case)
