@@ -122,7 +122,7 @@ class SleepingJob:
     def assert_nothing_left(self, survivors, within: float = 15) -> None:
         """No process of the job here (launcher, local helpers; the containers' processes show here too) nor
         in `survivors` (agent, ranks, their sshd sessions). The agents kill their ranks when the channel
-        drops: allow --grace + slack; a cut-off agent only after its patience (4 x --heartbeat-timeout)."""
+        drops: allow --grace + slack; a cut-off agent only after its patience (--heartbeat-timeout)."""
         deadline = time.monotonic() + within
         while True:
             here = _host_pids_with(self.token)
@@ -203,7 +203,7 @@ def test_partitioned_node_fails_the_job(fresh_cluster, trainrun_cmd, trainrun_en
                                 f"network:\n{job.out}")
         assert rc == 255, job.out
         _summary_names(job.out, victim.name)
-        # the cut-off node cleans up by itself: its agent hears nothing for 4 x HEARTBEAT_S
+        # the cut-off node cleans up by itself: its agent hears nothing for HEARTBEAT_S (its patience)
         job.assert_nothing_left([nd for nd in info.nodes if nd is not victim], within=4 * HEARTBEAT_S + 15)
     finally:
         job.kill()

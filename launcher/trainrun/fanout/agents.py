@@ -73,8 +73,9 @@ class AgentRanks:
                heartbeat_timeout: float = 15.0) -> None:
         """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
         variables) goes under each rank's own env; it travels in the channel, never on a command line.
-        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (the launcher
-        may be blocked writing to a paused pager; ranks then block too, so waiting long costs little)."""
+        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (at least one
+        beat's gap and a second): seconds, so that the ranks of a host cut off from the launcher do not run
+        on for long. A launcher that cannot write its output for that long (a paused pager) loses its hosts."""
         self.specs = specs
         self.heartbeat_timeout = heartbeat_timeout
         self._job_id = specs[0].env.get("TRAINRUN_JOB_ID") if specs else None
@@ -86,7 +87,8 @@ class AgentRanks:
 
             kvsname = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
         procs = tuple(replace(s, env={**env, **s.env}) for s in specs)
-        self._job = AgentJob(procs, pmi, python, AGENT_PATIENCE * heartbeat_timeout, kvsname)
+        patience = max(AGENT_PATIENCE * heartbeat_timeout, wire.HEARTBEAT_EVERY + 1)  # > one beat's gap
+        self._job = AgentJob(procs, pmi, python, patience, kvsname)
 
     def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
         self.events = events
@@ -146,7 +148,8 @@ class AgentRanks:
             return
         why = self._sweep_result[0] if self._sweep_result else f"no answer within {SWEEP_WAIT_S:.0f}s"
         patience = self._job.patience
-        left = max(0, math.ceil(patience - (time.monotonic() - self._silent_since) + wire.HEARTBEAT_EVERY))
+        # the agent last heard us at most one beat before we last heard it; it gives up `patience` s later
+        left = max(1, math.ceil(self._silent_since + wire.HEARTBEAT_EVERY + patience + 1 - time.monotonic()))
         self.cleanup_note = (f"{self.host} unreachable ({why}): its {n} rank(s) may still run; the agent there "
                              f"ends them within {left}s ({patience:g}s without word from the launcher)")
         self.may_still_run = n
@@ -173,7 +176,7 @@ class AgentRanks:
         elif kind == wire.PROGRESS:
             self.events.on_progress(rank)
         elif kind == wire.STALL:
-            self.events.on_stall(rank)
+            self.events.on_stall(rank, payload.decode(errors="replace"))
         elif kind == wire.STACKS:
             reply = DumpReply.from_bytes(payload)
             self.events.on_stacks(reply.request, list(reply.stacks))
