@@ -5,6 +5,9 @@ iperf3 on the same pair, and false alarms on healthy hosts. Markdown to stdout a
 
   scripts/bench_perf_check.py [--sizes 2,4,8,16] [--reps 1] [--healthy-runs 20] [--iperf-reps 3] [--out FILE]
 
+(--iperf-reps 0 or --healthy-runs 0 leave those parts out; scripts/perf_false_alarms.py counts false alarms
+with CPU hogs beside the hosts.)
+
 One testbed of max(--sizes) hosts (scripts/testbed.py, held for the whole run); hostfiles name its first N
 hosts, one slot each. The hosts run this checkout's trainrun through a --python wrapper.
   scaling   `--check --perf --json` (the collective included) per N: whole command, the perf step and its
@@ -156,8 +159,9 @@ single reading of a link or of a host's compute can drop several-fold for a mome
 never rests on one reading:
 
 - links: a host is named only when the median of all its links (both directions, N-1 peers) is under half
-  the median of the hosts' medians; one starved pair cannot move a median. A single link under half is first
-  measured again alone (no other pair running, up to twice), and the best reading counts.
+  the median of the hosts' medians; one starved pair cannot move a median. Before the verdict, whatever it
+  would name (every link of such a host, a single link under half, a failed one) is measured again, each
+  pair alone, in up to three sweeps that re-read the suspects after each, and the best reading counts.
 - compute: three interleaved probes per host, the best counts (load only ever slows a probe, so the best is
   the least disturbed); hosts on one kernel are probed one at a time; a host under 70% of the median is
   probed three more times before it is named.
@@ -189,7 +193,9 @@ def main() -> int:
             wrapper.write_text(f'#!/bin/sh\nexport PYTHONPATH={REPO / "launcher"}\nexec {sys.executable} "$@"\n')
             wrapper.chmod(0o755)
             body = ["## Wall time against the host count", "", *scaling(tb, tmp, wrapper, sizes, args.reps), ""] if sizes else []
-            if shutil.which("iperf3"):
+            if not args.iperf_reps:
+                pass
+            elif shutil.which("iperf3"):
                 body += ["## Pair bandwidth against iperf3", "", *versus_iperf(tb, tmp, wrapper, args.iperf_reps), ""]
             else:
                 body += ["## Pair bandwidth against iperf3", "", "not measured: iperf3 is not installed (apt-get install iperf3)", ""]
