@@ -92,8 +92,8 @@ class Agent:
     def on_progress(self, rank: int) -> None:
         self.send(wire.frame(wire.PROGRESS, rank))
 
-    def on_stall(self, rank: int) -> None:
-        self.send(wire.frame(wire.STALL, rank))
+    def on_stall(self, rank: int, stuck: str = "") -> None:
+        self.send(wire.frame(wire.STALL, rank, stuck.encode()))
 
     def on_stacks(self, request: int, stacks: list) -> None:
         self.send(wire.frame(wire.STACKS, -1, DumpReply(request, tuple(stacks)).to_bytes()))

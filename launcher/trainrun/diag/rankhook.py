@@ -12,6 +12,17 @@ is dropped (diagnosis must never block training):
     progress N                 the runtime has made N collective calls (sent when N changed, at most
                                every PROGRESS_EVERY_S): what --hang-timeout counts besides output
     stall                      the runtime raised a StallError here: the launcher takes every rank's stack
+    stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
+                               round completed meanwhile: some peer's engine takes no part at all (it is
+                               stopped, exited, in MPI_Finalize, or hung outside trainrun), a wait that
+                               nothing inside the ranks can end. The launcher names the peer and ends the job.
+
+The stuck watchdog runs in this module's thread (once a second, reading counters the engine keeps
+anyway: Engine.liveness), so the collectives' own path does no extra work for it. Its limit is the
+stall timeout while a round is in flight (a live peer joins one within milliseconds); inside a data
+transfer, the stall timeout plus the transfer's bytes at SLOWEST_TRANSFER_BPS (a single large transfer
+may legitimately take long; its size is read from the waiting thread's frames only then); elsewhere
+(a negotiation phase, a GPU transfer) STUCK_OTHER_FACTOR times the stall timeout.
 
 The StallError notice wraps StallError.__init__ (the runtime raises it from its engine), so the runtime
 itself needs no change beyond the install call. Outside a trainrun launch (no TRAINRUN_DIAG_FD) install()
@@ -31,6 +42,8 @@ import time
 ENV = "TRAINRUN_DIAG_FD"
 PROGRESS_EVERY_S = 1.0
 STALL_EVERY_S = 10.0
+SLOWEST_TRANSFER_BPS = 10e6  # bytes/s: a transfer slower than this counts as stuck (1 GbE moves ~100e6)
+STUCK_OTHER_FACTOR = 4
 
 _fd: int | None = None
 _installed = False
@@ -111,8 +124,15 @@ def _watch_stalls() -> None:
 
 def _report_progress() -> None:
     last = None
+    watch = StuckWatch()
     while True:
         time.sleep(PROGRESS_EVERY_S)
+        try:
+            stuck = watch.check(_engines(), time.monotonic())
+        except Exception:  # engines being torn down: look again next time
+            stuck = None
+        if stuck is not None:
+            send(f"stuck {stuck}")
         try:
             n = (id(_engine), _engine.reductions) if _engine is not None else None
         except Exception:  # an engine being torn down: try again next time
@@ -120,3 +140,50 @@ def _report_progress() -> None:
         if n is not None and n != last:
             last = n
             send(f"progress {n[1]}")
+
+
+def _engines() -> list:
+    """This rank's engines (the global set's and its process sets'), none outside a session."""
+    from trainrun.runtime.context import RUNTIME
+
+    session = RUNTIME.session
+    return list(session.engines.values()) if session is not None else []
+
+
+class StuckWatch:
+    """Finds an engine that waits while no round completes (see the module docstring). `check` is
+    given the engines and the time, once a second; it returns "SECONDS WHAT" the first time an engine
+    has been stuck past its limit (once per stuck spell), else None."""
+
+    def __init__(self):
+        self._seen: dict[int, tuple] = {}  # id(engine) -> (its liveness counters, since when, reported)
+
+    def check(self, engines, now: float) -> str | None:
+        seen, self._seen = self._seen, {}
+        found = None
+        for engine in engines:
+            live = engine.liveness()
+            if live is None:
+                continue
+            counters, in_round = live[:2], live[2]
+            before = seen.get(id(engine))
+            if before is None or before[0] != counters:
+                self._seen[id(engine)] = (counters, now, False)
+                continue
+            since, reported = before[1], before[2]
+            if not reported and found is None and now - since >= engine.stall_timeout \
+                    and now - since >= self._limit(engine, in_round):
+                found = f"{now - since:.0f} {engine.waiting_on()}"
+                reported = True
+            self._seen[id(engine)] = (counters, since, reported)
+        return found
+
+    @staticmethod
+    def _limit(engine, in_round: bool) -> float:
+        """How long `engine` may wait with no round completing (see the module docstring)."""
+        if in_round:
+            return engine.stall_timeout
+        transfers = engine.transfers_in_progress()
+        if transfers:
+            return engine.stall_timeout + max(transfers) / SLOWEST_TRANSFER_BPS
+        return engine.stall_timeout * STUCK_OTHER_FACTOR

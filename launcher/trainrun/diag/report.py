@@ -8,6 +8,10 @@ group, and each rank's full dump written to --output-dir. Pure but for `write_du
         <module> (work.py:20)
     rank 1: slow_step (work.py:8) <- main (work.py:12)
         ...
+    rank 5 is stopped (state T)
+
+A rank whose process cannot answer is named by its /proc state (stacks.SILENT_STATES), not as a failure
+to take its stack.
 
 A group's key is its main thread's Python frames (function, file, line) from the outermost frame in
 trainrun's own code (the API call the program made, e.g. `allreduce`) outwards: ranks waiting in the
@@ -77,6 +81,9 @@ def render(stacks: list[RankStack], reason: str, missing: list[int] = ()) -> str
     lines = [f"trainrun: stacks of {len(stacks)} rank(s) ({reason}): {len(groups)} different"]
     for ranks, s in groups:
         who = describe_ranks(ranks)
+        if s.state:  # "is stopped (state T)": "ranks 1,3 are stopped (state T)"
+            lines.append(f"{who} {'are' if len(ranks) > 1 else 'is'} {s.error.removeprefix('is ')}")
+            continue
         if s.error:
             lines.append(f"{who}: no stack: {s.error}")
             continue
@@ -105,6 +112,7 @@ def write_dumps(output_dir: str, stacks: list[RankStack], seq: int) -> list[str]
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, f"stacks.{seq}.txt")
         with open(path, "w") as f:
-            f.write(s.text or f"rank {s.rank} on {s.host}: no stack: {s.error}\n")
+            f.write(s.text or (f"rank {s.rank} on {s.host}, pid {s.pid}, {s.error}\n" if s.state
+                               else f"rank {s.rank} on {s.host}: no stack: {s.error}\n"))
         paths.append(path)
     return paths

@@ -10,7 +10,10 @@ Two ways, tried in order for each process:
    SIGUSR2 is only ever sent to a process that announced the hook (its default action would kill it).
 
 `take_stacks` runs them for many processes in parallel and never raises: a process whose stack cannot be
-taken gets a RankStack with `error` saying why.
+taken gets a RankStack with `error` saying why. Before either, each process's state is read from
+/proc/PID/stat: a process that is stopped (T, t), a zombie (Z) or in uninterruptible sleep (D) cannot
+answer (py-spy fails or waits for it, its faulthandler never runs), so its RankStack says that state
+(`state`, `error`: "is stopped (state T)") and neither way is tried.
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ class RankStack:
     threads: tuple[ThreadStack, ...] = ()
     text: str = ""
     error: str = ""
+    state: str = ""  # the process's /proc state letter when it cannot answer (T, t, Z, D, X), else ""
 
     def main_thread(self) -> ThreadStack | None:
         return next((t for t in self.threads if t.main), self.threads[0] if self.threads else None)
@@ -65,7 +69,7 @@ class RankStack:
     @classmethod
     def from_dict(cls, d: dict) -> RankStack:
         threads = tuple(ThreadStack(t["name"], t["main"], tuple(Frame(**f) for f in t["frames"])) for t in d["threads"])
-        return cls(d["rank"], d["host"], d["pid"], d["method"], threads, d["text"], d["error"])
+        return cls(d["rank"], d["host"], d["pid"], d["method"], threads, d["text"], d["error"], d.get("state", ""))
 
 
 class HookInfo(NamedTuple):
@@ -81,6 +85,25 @@ class Target(NamedTuple):
     host: str
     pid: int                 # the rank's process (the hook's pid is preferred when announced)
     hook: HookInfo | None
+
+
+# states in which a process cannot run: neither py-spy (it stops the process) nor a signal handler answers
+SILENT_STATES = {
+    "T": "is stopped (state T)",
+    "t": "is stopped by a tracer (state t)",
+    "Z": "is a zombie (state Z): it exited and was not reaped",
+    "X": "is dead (state X)",
+    "D": "is in uninterruptible sleep (state D): blocked in the kernel (disk, network filesystem, device)",
+}
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of `pid` from /proc/PID/stat ("R", "S", "T", ...); "" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def find_py_spy() -> str | None:
@@ -185,6 +208,11 @@ def take_stacks(targets: list[Target], py_spy: str | None) -> list[RankStack]:
     deadline = time.monotonic() + PY_SPY_TIMEOUT_S
     results: dict[int, RankStack] = {}
     errors: dict[int, list[str]] = {t.rank: [] for t in targets}
+    for t in targets:
+        pid = t.hook.pid if t.hook else t.pid
+        state = proc_state(pid)
+        if state in SILENT_STATES:
+            results[t.rank] = RankStack(t.rank, t.host, pid, "", error=SILENT_STATES[state], state=state)
     if py_spy:
         for native in (True, False):
             todo = [t for t in targets if t.rank not in results]

@@ -62,8 +62,10 @@ class RankEvents(Protocol):
     def on_progress(self, rank: int) -> None:
         """The rank's runtime made progress (collectives completed): it is not hung."""
 
-    def on_stall(self, rank: int) -> None:
-        """The rank's runtime raised a StallError: it asks for every rank's stack."""
+    def on_stall(self, rank: int, stuck: str = "") -> None:
+        """The rank's runtime raised a StallError: it asks for every rank's stack. With `stuck`
+        ("SECONDS WHAT"): it has waited that long in WHAT while no collective round completed (a peer's
+        engine takes no part at all: diag/rankhook.py); the job cannot go on."""
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
         """The answer to dump(request): the stacks of the group's running ranks."""

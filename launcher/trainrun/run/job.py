@@ -11,6 +11,13 @@ traffic or runtime progress from any rank make every group take its running rank
 they are printed grouped by identical stack (diag/report.py) and written to `output_dir`. The job goes
 on, except after a hang timeout: then it fails with exit code 124.
 
+Stuck ranks: a rank whose runtime waited the stall timeout in a collective while no collective round
+completed (`on_stall` with `stuck`, diag/rankhook.py) waits on a rank whose engine takes no part at all
+(stopped, exited without shutting trainrun down, hung outside trainrun): nothing inside the ranks can
+end that wait. The stacks are taken, then the job fails (exit 1) naming the absent ranks by their exit,
+their /proc state or their stack (run/stall.py). Teardown sends SIGCONT after SIGTERM, so that a
+stopped rank ends at once rather than at the SIGKILL after the grace period.
+
 The exit code is the first failing rank's by time across hosts (128+N if signal N killed it, result.py);
 128+N if the launcher was interrupted by signal N with no rank failing first; else 0.
 """
@@ -21,18 +28,20 @@ import selectors
 import signal
 import socket
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
 from trainrun.run.groups import ExitInfo
 from trainrun.run.output import OutputSink
-from trainrun.run.result import Failure, JobResult, exit_code_of, named_rank, settle, signame
+from trainrun.run.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import RankStack
     from trainrun.run.groups import RankGroup
+    from trainrun.run.stall import Stuck
 
 TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
@@ -41,8 +50,9 @@ HANG_EXIT = 124  # as timeout(1)
 
 
 class _Dump:
-    def __init__(self, reason: str, waiting: set[int], running: list[int], then_fail: bool):
-        self.reason, self.waiting, self.running, self.then_fail = reason, waiting, running, then_fail
+    def __init__(self, reason: str, waiting: set[int], running: list[int], then: Callable[[list[RankStack]], None] | None):
+        """`then`: called with the stacks once printed, unless every rank ended meanwhile (it fails the job)."""
+        self.reason, self.waiting, self.running, self.then = reason, waiting, running, then
         self.stacks: list[RankStack] = []
         self.deadline = time.monotonic() + DUMP_WAIT
 
@@ -76,6 +86,7 @@ class Job:
         self._dump_seq = 0
         self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
         self._stop_after_dump = False
+        self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -134,10 +145,33 @@ class Job:
     def on_progress(self, rank: int) -> None:
         self._last_activity = time.monotonic()
 
-    def on_stall(self, rank: int) -> None:
+    def on_stall(self, rank: int, stuck: str = "") -> None:
+        if stuck:
+            self._on_stuck(rank, stuck)
+            return
         log.info("rank %d raised a StallError: taking every rank's stack", rank)
         if not self._dumps and self._stopped_at is None:
             self.dump(f"rank {rank} raised a StallError")
+
+    def _on_stuck(self, rank: int, text: str) -> None:
+        """A rank waits in a collective that cannot complete: take the stacks, then fail the job."""
+        from trainrun.run.stall import Stuck
+
+        report = Stuck.parse(rank, text)
+        if report is None or any(s.rank == rank for s in self._stuck):
+            return
+        log.info("rank %d waited %gs in %s with no collective round completing", rank, report.seconds, report.waiting)
+        self._stuck.append(report)
+        if len(self._stuck) == 1 and self._stopped_at is None:
+            self.dump(f"rank {rank} waited {report.seconds:g} s in {report.waiting}, no collective round completing",
+                      then=self._fail_stuck)
+
+    def _fail_stuck(self, stacks: list[RankStack]) -> None:
+        from trainrun.run.stall import STALL_EXIT, describe
+
+        states = {s.rank: s.state for s in stacks if s.state}
+        message, rank = describe(self._stuck, sorted(self._specs), self.result.returncodes, states, self._where)
+        self.fail(STALL_EXIT, message, rank)
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
         seq, group = self._requests.pop(request, (None, None))
@@ -148,12 +182,13 @@ class Job:
         d.waiting.discard(group)
 
     # stacks
-    def dump(self, reason: str, then_fail: bool = False) -> None:
-        """Ask every group with running ranks for their stacks; printed when all have answered."""
+    def dump(self, reason: str, then: Callable[[list[RankStack]], None] | None = None) -> None:
+        """Ask every group with running ranks for their stacks; printed when all have answered, then
+        given to `then` (see _Dump)."""
         self._dump_seq += 1
         live = [i for i, g in enumerate(self.groups) if g.running]
         running = sorted(s.rank for i in live for s in self.groups[i].specs if s.rank not in self.result.returncodes)
-        self._dumps[self._dump_seq] = _Dump(reason, set(live), running, then_fail)
+        self._dumps[self._dump_seq] = _Dump(reason, set(live), running, then)
         use_py_spy = os.environ.get("TRAINRUN_PY_SPY", "1").lower() not in ("0", "off", "no")
         for i in live:
             request = len(self._requests) + 1000 * self._dump_seq
@@ -179,12 +214,15 @@ class Job:
                 except OSError as err:
                     text += f"trainrun: cannot write the dumps to {self.output_dir}: {err.strerror}\n"
             self.sink.write_raw(2, text.encode())
-            if d.then_fail and not final:
-                self.fail(HANG_EXIT, f"no output and no runtime progress from any rank for {self.hang_timeout:g}s "
-                                     "(--hang-timeout); stacks above")
+            if d.then is not None and not final:
+                d.then(stacks)
         if not self._dumps and self._stop_after_dump:
             self._stop_after_dump = False
             self._send_stop()
+
+    def _fail_hung(self, stacks: list[RankStack]) -> None:
+        self.fail(HANG_EXIT, f"no output and no runtime progress from any rank for {self.hang_timeout:g}s "
+                             "(--hang-timeout); stacks above")
 
     def _on_signal(self, sig: int) -> None:
         if sig == signal.SIGUSR1:
@@ -217,6 +255,7 @@ class Job:
         self._stop_deadline = time.monotonic() + self.grace
         for g in self.groups:
             g.signal(signal.SIGTERM)
+            g.signal(signal.SIGCONT)  # a stopped rank: its SIGTERM takes effect now, not at the SIGKILL
 
     def _kill(self, wait: float = KILL_WAIT) -> None:
         """SIGKILL everything; hosts that have not reported `wait` seconds later are given up on."""
@@ -225,6 +264,11 @@ class Job:
         self._killed_at = self._killed_at or time.time()
         for g in self.groups:
             g.kill()
+
+    def _ended(self, rank: int) -> str:
+        """How a rank that left the runtime ended: "exited 0", or "left" when trainrun stopped it."""
+        rc = self.result.returncodes.get(rank)
+        return f"exited {rc}" if rc is not None and rc >= 0 else "left"
 
     def _settle(self) -> None:
         """The first failure by time, and its exit code; the rest as consequences."""
@@ -240,9 +284,17 @@ class Job:
             # the rank the others' errors name was still exiting when trainrun stopped the job: not a
             # failure of its own record, but the cause; its stderr shows what it raised
             rank, reason = named
-            cause = Failure(first.exit_code, f"{self._where(rank)} stopped: {reason}", rank,
-                            tuple(self.sink.stderr_tail(rank)), first.at)
+            left = left_while(first)
+            what = f"{self._where(rank)} {self._ended(rank)} {left[1]}" if left else f"{self._where(rank)} stopped: {reason}"
+            cause = Failure(first.exit_code, what, rank, tuple(self.sink.stderr_tail(rank)), first.at)
             first, later = cause, [first, *later]
+        elif first.rank is not None:
+            # a rank that failed on its own while others waited for it in a collective: say so (their
+            # errors name it, whether they failed too or trainrun stopped them)
+            tails = (Failure(0, "", r, tuple(self.sink.stderr_tail(r))) for r in sorted(self._specs) if r != first.rank)
+            left = next((lw for f in tails if (lw := left_while(f)) and lw[0] == first.rank), None)
+            if left:
+                first = Failure(first.exit_code, f"{first.what} {left[1]}", first.rank, first.stderr_tail, first.at, first.oom)
         self.result.failure = first
         self.result.consequences = later
         self.result.exit_code = first.exit_code
@@ -277,7 +329,7 @@ class Job:
                 if (self.hang_timeout and self._stopped_at is None and not self._dumps
                         and now - self._last_activity > self.hang_timeout):
                     log.info("no activity for %.0fs: taking stacks, then ending the job", now - self._last_activity)
-                    self.dump(f"no output or progress for {self.hang_timeout:g}s", then_fail=True)
+                    self.dump(f"no output or progress for {self.hang_timeout:g}s", then=self._fail_hung)
                 if self._stop_deadline is not None and self._kill_deadline is None and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()

@@ -204,7 +204,7 @@ class LocalRanks:
             sel.unregister(rank.pmi)
 
     def _read_diag(self, rank: _Rank, sel) -> None:
-        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, stall."""
+        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, stall, stuck."""
         try:
             data = os.read(rank.diag, 4096)
         except BlockingIOError:
@@ -227,6 +227,8 @@ class LocalRanks:
                 self.events.on_progress(rank.spec.rank)
             elif word == "stall":
                 self.events.on_stall(rank.spec.rank)
+            elif word == "stuck":
+                self.events.on_stall(rank.spec.rank, rest)
 
     def dump(self, request: int, use_py_spy: bool) -> None:
         """Take the stacks of the running ranks in a thread; reported through on_stacks from the loop."""

@@ -108,6 +108,18 @@ def named_rank(failure: Failure) -> tuple[int, str] | None:
     return None
 
 
+_LEFT = re.compile(r"^it left \([^)]*\) (while .+)$")  # negotiation.py's "left" failure
+
+
+def left_while(failure: Failure) -> tuple[int, str] | None:
+    """(rank N, "while rank M waited in allreduce 'x'") when `failure`'s error is the runtime's
+    "trainrun: rank N stopped: it left (...) while ...": rank N ended (shut trainrun down) while this
+    rank waited in a collective N never joined; else None."""
+    named = named_rank(failure)
+    m = _LEFT.match(named[1]) if named else None
+    return (named[0], m.group(1)) if m else None
+
+
 def named_cause(failure: Failure, failures: list[Failure]) -> Failure:
     """The failure of the rank `failure` names as stopped (named_rank), if that rank failed too; else
     `failure` itself."""

@@ -14,7 +14,8 @@ from trainrun.runtime.exceptions import HorovodInternalError, StallError, Tensor
 from trainrun.runtime.messages import Response
 from trainrun.runtime.ops import GROUP, Request
 
-_ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError}
+_ERRORS = {"mismatch": TensorMismatchError, "stall": StallError, "abort": HorovodInternalError,
+           "left": HorovodInternalError}
 
 
 class Driver:

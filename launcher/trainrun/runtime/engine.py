@@ -50,7 +50,7 @@ import threading
 import time
 
 from trainrun.runtime import timeline as tl
-from trainrun.runtime.backends.mpi import MPIBackend
+from trainrun.runtime.backends.mpi import MPIBackend, transfers_in_progress
 from trainrun.runtime.cache import CAPACITY, ResponseCache
 from trainrun.runtime.collectives import Collectives
 from trainrun.runtime.completion import Completion
@@ -101,6 +101,7 @@ class Engine(LoneOp, Driver, Completion):
         self._threshold, capacity = self._ctrl.bcast((fusion_threshold, cache_capacity), root=0)  # and cache ids
         self._coord = Coordinator(size, self._threshold, stall_timeout) if rank == 0 else None
         self._tick = min(1.0, stall_timeout / 4)
+        self.stall_timeout = stall_timeout
 
         # shared with user threads (under _cv; its lock _lock is taken directly on hot paths)
         self._lock = threading.RLock()
@@ -314,6 +315,43 @@ class Engine(LoneOp, Driver, Completion):
         """How many allreduce calls reached the backend so far (fusion makes this < tensors reduced)."""
         return self._coll.reductions
 
+    # ---- read by the diag thread's watchdog (diag/rankhook.py), once a second, without locks ------
+    def liveness(self) -> tuple[int, int, bool] | None:
+        """None while this rank waits for nothing (no op outstanding, no thread inside an MPI
+        transfer); else (rounds completed, reductions made, whether a round is in flight). A rank
+        that waits while the first two stay the same for the stall timeout waits on a peer whose
+        engine takes no part in rounds at all: stopped, exited, in MPI_Finalize, or hung outside
+        trainrun (a live peer's engine joins a round every IDLE_S even when idle, so the coordinator
+        would name it in a StallError instead). The lone-op path's transfer has no name outstanding:
+        it is found by the thread's frames (backends.mpi.transfers_in_progress)."""
+        if self._thread is None or not (self._names or transfers_in_progress(sizes=False)):
+            return None
+        return self._rounds, self._coll.reductions, self._inflight is not None
+
+    # bytes of each MPI data transfer this process is inside now (read from the threads' frames)
+    transfers_in_progress = staticmethod(transfers_in_progress)
+
+    def waiting_on(self) -> str:
+        """What this rank waits for, in words: "allreduce 'x'", "shutdown", "allreduce 'a', broadcast 'b'
+        and 3 more". Best effort: it reads the driver's state from another thread."""
+        kinds: dict[str, str] = {}
+        for source in (self._announced.values, self._bycid.values, lambda: self._fresh, lambda: self._queue):
+            try:
+                for r in list(source()):
+                    kinds.setdefault(r.name, r.kind)
+            except RuntimeError:  # changed size while copied: the names below still say enough
+                pass
+        try:
+            names = sorted(set(self._names))
+        except RuntimeError:
+            names = []
+        if any(n not in kinds for n in names):  # being executed (in no queue): a cached op is an allreduce
+            kinds.update((m.name, m.kind) for m in list(self._cache.metas))
+        words = ["shutdown" if n == SHUTDOWN_NAME else f"{kinds.get(n, 'collective')} '{n}'" for n in names[:3]]
+        if not words:  # the lone-op path: no Request, the op is in the waiting thread's frames
+            words = _lone_ops()
+        return ", ".join(words) + (f" and {len(names) - 3} more" if len(names) > 3 else "") or "a collective"
+
     # ---- the background thread ----------------------------------------------------------------
     def _has_work(self) -> bool:
         """Something outstanding on this rank (caller holds _cv)."""
@@ -369,6 +407,21 @@ class Engine(LoneOp, Driver, Completion):
                 return
             os.sched_yield()
         request.Wait()  # someone is blocked on the engine: nothing else to run here
+
+
+def _lone_ops() -> list[str]:
+    """The ops threads of this process run by the lone-op path now, in words ("allreduce 'x'"): read
+    from their frames (LoneOp._lone's `meta`), for the stuck watchdog only."""
+    code = LoneOp._lone.__code__
+    out = []
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code is code:
+                meta = frame.f_locals.get("meta")
+                out.append(f"{meta.kind} '{meta.name}'" if isinstance(meta, Meta) else "allreduce")
+                break
+            frame = frame.f_back
+    return out
 
 
 def _refuse(names) -> None:

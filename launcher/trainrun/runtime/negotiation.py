@@ -17,7 +17,7 @@ response is a messages.Response `(kind, names, info, error)`:
     ("join", ["__join__"], last_rank_to_join, None)
     ("abort", [], None, Failure("abort", message)) a rank stopped for good (see Engine.abort): every
                                                    rank fails all it has outstanding and closes
-    ("error", [names...], submitters, Failure("mismatch"|"stall", message))
+    ("error", [names...], submitters, Failure("mismatch"|"stall"|"left", message))
                                                    submitters[i]: the ranks that had submitted names[i];
                                                    only their requests fail (a later submission of the
                                                    same name by another rank is a new operation)
@@ -26,6 +26,13 @@ A name is ready when every rank has submitted it (a rank blocked in join() count
 an allreduce, no rows to an allgather, and receives a broadcast it cannot be the root of; other
 kinds fail while ranks have joined).
 Names that some but not all ranks submitted for longer than `stall_timeout` seconds become a stall error.
+
+A rank that submitted `shutdown` has *left* (its program ended, or called shutdown()): it will submit
+nothing else, so every other name it lacks fails at once on the ranks that wait for it ("left": the
+message is "trainrun: rank N stopped: it left (...) while rank M waited in allreduce 'x'", the form the
+launcher reads to name the cause, run/result.py), as Horovod fails ops issued after a rank finished.
+Shutdown itself never stalls: a rank that finished waits there, taking part in rounds, for as long
+as the others still work (ranks finish at different times), so their later collectives fail at once.
 """
 from __future__ import annotations
 
@@ -88,6 +95,7 @@ class Coordinator:
         self._joined: list[int] = []
         self._next_stall_check = 0.0
         self._aborted: str | None = None
+        self._left: list[int] = []  # ranks that submitted shutdown, in that order
 
     def pending(self) -> bool:
         return bool(self._table or self._joined or self._aborted)
@@ -106,10 +114,13 @@ class Coordinator:
                 self._joined.append(rank)
                 self._ready.extend(n for n, e in self._table.items() if n not in self._ready and self._complete(e))
                 continue
+            if m.kind == "shutdown":
+                self._left.append(rank)
             entry = self._table.get(m.name)
             if entry is None:
                 entry = self._table[m.name] = {}
-                self._first[m.name] = now = now or self._clock()
+                if m.kind != "shutdown":  # (never a stall: see the module docstring)
+                    self._first[m.name] = now = now or self._clock()
             entry[rank] = m
             if (len(entry) >= self.size) if not self._joined else self._complete(entry):
                 self._ready.append(m.name)
@@ -137,13 +148,14 @@ class Coordinator:
                 self._ready.clear()
                 out = [Response("allreduce", [name], None, None)]
                 if self._first:
+                    out.extend(self._left_behind())
                     out.extend(self._stalls())
                 return out
         out: list[Response] = []
         fuser = Fuser(self.fusion_threshold)  # items: metas
         for name in self._ready:
             entry = self._table.pop(name)
-            del self._first[name]
+            self._first.pop(name, None)  # (shutdown has none)
             any_meta = next(iter(entry.values()))
             kind = any_meta.kind
             error = check(name, entry)
@@ -176,6 +188,7 @@ class Coordinator:
         if len(set(self._joined)) >= self.size and not self._table:
             out.append(Response("join", [JOIN_NAME], self._joined[-1], None))
             self._joined.clear()
+        out.extend(self._left_behind())
         out.extend(self._stalls())
         return out
 
@@ -189,6 +202,32 @@ class Coordinator:
             else:
                 joined = JoinedInfo(*batch.key, [m.shape for m in metas])
         return Response("allreduce", [m.name for m in metas], joined, None)
+
+    def _left_behind(self) -> list[Response]:
+        """Errors for the names that lack a rank which has left (submitted shutdown): they can never
+        complete. One response per set of such ranks, naming the first of them (the cause)."""
+        if not self._left or not self._first:
+            return []
+        by_missing: dict[tuple, list[str]] = {}
+        for name in self._first:
+            entry = self._table[name]
+            missing = tuple(r for r in self._left if r not in entry)
+            if missing:
+                by_missing.setdefault(missing, []).append(name)
+        out = []
+        for missing, names in by_missing.items():
+            entries = [self._table.pop(n) for n in names]
+            for n in names:
+                del self._first[n]
+            waiting = set().union(*entries)
+            ops = ", ".join(f"{next(iter(e.values())).kind} '{n}'" for n, e in zip(names[:10], entries))
+            if len(names) > 10:
+                ops += f" and {len(names) - 10} more"
+            also = f" ({_ranks(missing[1:])} left too)" if len(missing) > 1 else ""
+            out.append(Response("error", names, [set(e) for e in entries], Failure("left", (
+                f"trainrun: rank {missing[0]} stopped: it left (its program ended or called hvd.shutdown) "
+                f"while {_ranks(waiting)} waited in {ops}{also}; collectives cannot complete without it"))))
+        return out
 
     def _stalls(self) -> list[Response]:
         now = self._clock()

@@ -14,6 +14,8 @@ Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduc
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from mpi4py import MPI
 
@@ -148,3 +150,36 @@ class MPIBackend:
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+
+def transfers_in_progress(sizes: bool = True) -> list[int]:
+    """Bytes of each MPI data transfer some thread of this process is inside now (this module's
+    frames, read from outside: sys._current_frames); with `sizes` False, one 0 per transfer (the
+    frames' locals are not read). For the stuck watchdog (diag/rankhook.py) only, once a second; the
+    collectives themselves pay nothing for it."""
+    codes = _transfer_codes()
+    out = []
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code in codes:
+                if not sizes:
+                    out.append(0)
+                    break
+                local = frame.f_locals
+                found = [n for k in ("recv", "buf", "send") if isinstance(n := getattr(local.get(k), "nbytes", None), int)]
+                out.append(max(found, default=0))
+                break
+            frame = frame.f_back
+    return out
+
+
+_CODES: set = set()
+
+
+def _transfer_codes() -> set:
+    """The code of this module's data-moving functions (whose locals hold the arrays moved)."""
+    if not _CODES:
+        b = MPIBackend
+        _CODES.update(f.__code__ for f in (SmallAllreduces.allreduce, b.allreduce, b.allgatherv, b.bcast,
+                                           b.alltoallv, b.reduce_scatter, b.barrier))
+    return _CODES
