@@ -126,12 +126,15 @@ def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None 
 
 
 def _call_blob(func, args, kwargs) -> bytes:
+    """The call, cloudpickled, with the caller's import path: a function of an importable module travels
+    by name, and the rank must find that module where the caller did (its script's folder, a test's)."""
+    import pickle
+
     import cloudpickle
 
-    main = sys.modules.get("__main__")
-    here = os.path.dirname(os.path.abspath(main.__file__)) if getattr(main, "__file__", None) else None
-    try:
-        return cloudpickle.dumps((func, tuple(args), dict(kwargs or {}), [here] if here else []))
+    paths = [os.path.abspath(p) for p in sys.path if isinstance(p, str) and p]
+    try:  # two layers: the rank sets its path before it unpickles the call
+        return pickle.dumps((paths, cloudpickle.dumps((func, tuple(args), dict(kwargs or {})))))
     except Exception as err:
         raise UsageError(f"run(): the function or its arguments cannot be pickled: {type(err).__name__}: {err}") from None
 

@@ -45,10 +45,13 @@ def main() -> int:
     host = env.get("TRAINRUN_HOSTNAME") or socket.gethostname()
     code = 0
     try:
+        import pickle
+
         import cloudpickle
 
-        func, args, kwargs, paths = cloudpickle.loads(read_call(env))
-        sys.path[:0] = [p for p in paths if p not in sys.path]
+        paths, call = pickle.loads(read_call(env))
+        sys.path += [p for p in paths if p not in sys.path]  # the caller's import path, after the rank's own
+        func, args, kwargs = cloudpickle.loads(call)
         value = func(*args, **kwargs)
         try:
             blob = _outcome(("ok", value, int(env.get("WORLD_SIZE", "1"))))

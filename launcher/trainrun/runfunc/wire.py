@@ -1,6 +1,6 @@
 """How a call travels to the ranks and each rank's outcome back, with no port and no shared disk.
 
-To the ranks: the call (func, args, kwargs, the caller's script folder), cloudpickled -- functions of
+To the ranks: the call (func, args, kwargs, the caller's sys.path), cloudpickled -- functions of
 `__main__` (a script, a Jupyter cell) by value -- in the launcher's environment, which trainrun hands to
 every rank on every host (TRAINRUN_* variables are forwarded over SSH/srun): base64 in pieces of
 ENV_PIECE characters (under Linux's 128 KiB limit per variable), at most MAX_ENV_BYTES in all (the

@@ -1,0 +1,208 @@
+"""trainrun.run / horovod.run: a function on N ranks through a real launch (real processes, the MPI world),
+its values back in rank order; a raising rank as RankError (rank, host, traceback); a function of a
+script's __main__; from a real Jupyter kernel; elastic attempts; the payload's two ways."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import trainrun
+from trainrun.errors import UsageError
+from trainrun.runfunc import horovod as hvd_run
+from trainrun.runfunc.wire import MAX_ENV_BYTES
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def rank_and_sum(scale):
+    """Each rank: its rank, and the allreduced sum of ranks (the MPI world is really formed)."""
+    import numpy as np
+
+    import trainrun.numpy as hvd
+
+    hvd.init()
+    total = hvd.allreduce(np.array([float(hvd.rank())]), op=hvd.Sum)
+    return hvd.rank() * scale, float(total[0]), hvd.size()
+
+
+def test_values_in_rank_order_from_three_ranks(capfd):
+    assert trainrun.run(rank_and_sum, (10,), np=3) == [(0, 3.0, 3), (10, 3.0, 3), (20, 3.0, 3)]
+
+
+def say_and_return(tag):
+    print("hello", tag, os.environ["RANK"], flush=True)
+    print("partial line without newline", end="")
+    return {"rank": int(os.environ["RANK"]), "tag": tag}
+
+
+def test_output_passes_through_and_outcome_lines_do_not(capsys):
+    values = trainrun.run(say_and_return, kwargs={"tag": "t"}, np=2)
+    assert values == [{"rank": 0, "tag": "t"}, {"rank": 1, "tag": "t"}]
+    out = capsys.readouterr().out
+    assert "[0]<stdout>:hello t 0" in out and "[1]<stdout>:hello t 1" in out
+    assert "[1]<stdout>:partial line without newline" in out  # the rank's partial line, ended by the outcome line
+    assert "trainrun-result" not in out
+
+
+def fail_on_rank_one(pid_dir):
+    import numpy as np
+
+    import trainrun.numpy as hvd
+
+    hvd.init()
+    with open(os.path.join(pid_dir, f"pid.{hvd.rank()}"), "w") as f:
+        f.write(str(os.getpid()))
+    hvd.allreduce(np.ones(1))
+    if hvd.rank() == 1:
+        raise KeyError("no such shard")
+    hvd.allreduce(np.ones(1))  # rank 0 waits here for rank 1: fail-fast must end it
+    return "unreachable"
+
+
+def test_raising_rank_is_raised_with_rank_host_and_traceback(tmp_path):
+    from launch_helpers import wait_gone
+
+    with pytest.raises(trainrun.RankError) as info:
+        trainrun.run(fail_on_rank_one, (str(tmp_path),), np=2)
+    err = info.value
+    assert (err.rank, err.host) == (1, "localhost")
+    assert isinstance(err.exception, KeyError)
+    assert 'raise KeyError("no such shard")' in err.traceback and "in fail_on_rank_one" in err.traceback
+    assert str(err).startswith("rank 1 on localhost raised KeyError: 'no such shard'")
+    pids = [int((tmp_path / f"pid.{r}").read_text()) for r in (0, 1)]
+    assert wait_gone(pids, 10) == []  # no rank left behind (rank 0 was stopped inside its allreduce)
+
+
+def exit_hard():
+    if os.environ["RANK"] == "1":
+        os._exit(7)
+    return 0
+
+
+def test_rank_that_dies_without_an_outcome_is_a_run_error():
+    with pytest.raises(trainrun.RunError, match=r"exit code 7 before every rank returned") as info:
+        trainrun.run(exit_hard, np=2)
+    assert info.value.exit_code == 7
+
+
+def test_bad_option_is_a_usage_error_before_anything_starts():
+    with pytest.raises(UsageError, match="--min-np 3 is more than -np 2"):
+        trainrun.run(say_and_return, ("x",), np=2, min_np=3)
+    with pytest.raises(UsageError, match="unknown option 'colour'"):
+        trainrun.run(say_and_return, ("x",), np=2, colour="red")
+    with pytest.raises(UsageError, match="prefix cannot be given"):
+        trainrun.run(say_and_return, ("x",), np=2, prefix="none")
+
+
+def fail_first_attempt():
+    if os.environ["RANK"] == "1" and os.environ.get("TRAINRUN_RESTART_COUNT") == "0":
+        raise RuntimeError("first attempt fails")
+    return int(os.environ["TRAINRUN_RESTART_COUNT"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def test_elastic_restart_returns_the_last_attempts_values():
+    assert trainrun.run(fail_first_attempt, np=2, max_restarts=1) == [(1, 0, 2), (1, 1, 2)]
+
+
+def elastic_view():
+    return os.environ.get("TRAINRUN_ELASTIC"), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def test_elastic_sizes_through_horovod_run():
+    """horovod.run's min_num_proc/max_num_proc: an elastic job (trainrun's elastic loop) over the hosts given."""
+    values = hvd_run.run(elastic_view, num_proc=2, min_num_proc=1, max_num_proc=2, hosts="localhost:2")
+    assert values == [("1", 0, 2), ("1", 1, 2)]
+
+
+def test_horovod_run_over_hosts_carries_the_call_in_the_environment():
+    """hosts=...: the payload takes the environment way (what reaches remote hosts)."""
+    assert hvd_run.run(rank_and_sum, args=(1,), num_proc=2, hosts="localhost:1,127.0.0.1:1") == [(0, 1.0, 2), (1, 1.0, 2)]
+
+
+def length(blob):
+    return len(blob)
+
+
+def test_big_call_goes_through_a_private_file_locally_and_is_refused_for_hosts():
+    big = os.urandom(MAX_ENV_BYTES)  # over the environment's limit once base64-encoded
+    assert trainrun.run(length, (big,), np=2) == [len(big)] * 2
+    with pytest.raises(UsageError, match="KiB reach remote hosts"):
+        trainrun.run(length, (big,), np=2, hosts="localhost:2")
+
+
+SCRIPT = '''
+import json, os, sys
+import trainrun
+
+OFFSET = 100
+
+def helper(r):
+    return r + OFFSET
+
+def work(n):
+    return [helper(int(os.environ["RANK"]))] * n
+
+if __name__ == "__main__":
+    print("VALUES", json.dumps(trainrun.run(work, (2,), np=2)))
+    try:
+        trainrun.run(lambda: 1 / 0, np=2)
+    except trainrun.RankError as err:
+        print("ERROR", json.dumps({"rank": err.rank, "tb": err.traceback}))
+'''
+
+
+def test_function_of_a_scripts_main(tmp_path):
+    """Functions (and a lambda, and the globals they use) defined in the script run as `python script.py`."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("VALUES", "ERROR")))
+    assert json.loads(lines["VALUES"]) == [[100, 100], [101, 101]]
+    err = json.loads(lines["ERROR"])
+    assert err["rank"] == 0 and "ZeroDivisionError" in err["tb"] and str(script) in err["tb"]
+
+
+CELL = textwrap.dedent('''
+    import os, trainrun
+    def cell_function(x):
+        print("hello from rank", os.environ["RANK"])
+        return x * int(os.environ["RANK"])
+    print("RESULT", trainrun.run(cell_function, (10,), np=2))
+''')
+FAILING_CELL = textwrap.dedent('''
+    def broken():
+        raise ValueError("from the notebook")
+    trainrun.run(broken, np=2)
+''')
+
+
+def test_from_a_jupyter_kernel(tmp_path):
+    """A real kernel (jupyter_client + ipykernel): a function defined in a cell runs on 2 ranks; the ranks'
+    output reaches the cell; a raising rank is the cell's error, with the cell's source line."""
+    client = pytest.importorskip("jupyter_client.manager", reason="jupyter_client not installed (pip install -e '.[test]')")
+    km, kc = client.start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        out, errors = [], []
+
+        def hook(msg):
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            elif msg["msg_type"] == "error":
+                errors.append(msg["content"])
+
+        kc.execute_interactive(CELL, timeout=120, output_hook=hook)
+        text = "".join(out)
+        assert "RESULT [0, 10]" in text and "[1]<stdout>:hello from rank 1" in text and not errors, (text, errors)
+        kc.execute_interactive(FAILING_CELL, timeout=120, output_hook=hook)
+        assert [e["ename"] for e in errors] == ["RankError"]
+        assert "raised ValueError: from the notebook" in errors[0]["evalue"]
+        assert 'raise ValueError("from the notebook")' in errors[0]["evalue"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
