@@ -1,0 +1,3 @@
+from trainrun.horovodrun import main
+
+main()
