@@ -152,3 +152,16 @@ def test_match_exec_still_works_with_lazy_invoke(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     port, user = out.stdout.split()
     assert port == "2201" and user != "nobody", out.stderr
+
+
+def test_bad_hostname_from_the_ssh_config_is_a_dns_failure(tmp_path):
+    """The alias the user typed is a valid name (checked at parse time), but the ssh config maps it to one that
+    is not: before, the resolver's idna codec raised UnicodeError out of connect (a traceback, exit 1)."""
+    from trainrun.errors import HostError
+    from trainrun.fanout.ssh import connect
+
+    config = tmp_path / "ssh_config"
+    config.write_text("Host box\n  HostName a..b\n")
+    with pytest.raises(HostError) as err:
+        connect("box", SSHOptions(ssh_config=str(config), known_hosts=str(tmp_path / "kh"), connect_timeout=2))
+    assert str(err.value) == "box: dns: HostName 'a..b' is not a valid host name (fix the HostName in the ssh config)"

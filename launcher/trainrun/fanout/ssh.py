@@ -193,7 +193,7 @@ def connect(host: str, opts: SSHOptions) -> paramiko.SSHClient:
         client.connect(t.hostname, t.port, username=t.user, key_filename=list(t.identity_files) or None,
                        look_for_keys=not t.identity_files, allow_agent=not t.identities_only,
                        timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
-    except (OSError, EOFError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as e:
+    except (OSError, EOFError, UnicodeError, paramiko.SSHException, paramiko.hostkeys.InvalidHostKey) as e:
         transport = client.get_transport()
         authenticating = bool(transport and transport.active and transport.initial_kex_done)
         client.close()
@@ -208,6 +208,9 @@ def classify(t: SSHTarget, e: BaseException, authenticating: bool = False) -> Ho
     if isinstance(e, socket.gaierror):
         return HostError(t.host, "dns", f"cannot resolve {t.hostname!r}: {e.strerror}",
                          hint="check the host name and any HostName in the ssh config")
+    if isinstance(e, UnicodeError):  # the resolver's idna codec: an ssh-config HostName that is no DNS name (a..b)
+        return HostError(t.host, "dns", f"HostName {t.hostname!r} is not a valid host name",
+                         hint="fix the HostName in the ssh config")
     if isinstance(e, paramiko.BadHostKeyException):
         name = t.hostname if t.port == 22 else f"[{t.hostname}]:{t.port}"
         lines = known_hosts_lines(t.known_hosts, name)
