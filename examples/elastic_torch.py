@@ -56,15 +56,15 @@ def main():
 
     # epoch and sample (where in the epoch's order the next step starts) are committed with the model
     state = hvd.elastic.TorchState(model, optimizer, epoch=0, sample=0)
-    state.register_reset_callbacks([scale_lr])
+    state.register_reset_callbacks([scale_lr])   # after a restart: the committed optimizer has the old size's rate
 
-    @hvd.elastic.run
+    @hvd.elastic.run                  # every attempt: load the newest committed state on every rank, then train
     def train(state):
         if hvd.rank() == 0:
             print(f"attempt {hvd.elastic.restart_count()}: {hvd.size()} ranks, lr {optimizer.param_groups[0]['lr']:g}, "
                   f"from epoch {state.epoch} sample {state.sample}", flush=True)
         per_step = hvd.size() * args.batch_size
-        steps, total = 0, torch.zeros(())
+        steps = 0
         while state.epoch < args.epochs:
             order = torch.randperm(len(x), generator=torch.Generator().manual_seed(state.epoch))  # same on every rank
             while state.sample + per_step <= len(x):
@@ -74,11 +74,10 @@ def main():
                 loss.backward()
                 optimizer.step()
                 state.sample += per_step
-                steps, total = steps + 1, total + loss.detach()
+                steps += 1
                 if steps % args.commit_every == 0:
-                    state.commit()  # may raise HostsUpdatedInterrupt: @hvd.elastic.run restarts on the new hosts
-                    mean = hvd.allreduce(total / args.commit_every, name="loss").item()  # over ranks and steps
-                    total = torch.zeros(())
+                    state.commit()    # a copy goes to this host's agent; the launcher may ask for a reset here
+                    mean = hvd.allreduce(loss.detach(), name="loss").item()  # this step's, averaged over the ranks
                     if hvd.rank() == 0:
                         print(f"epoch {state.epoch} sample {state.sample}: loss {mean:.4f} (committed)", flush=True)
             state.epoch, state.sample = state.epoch + 1, 0

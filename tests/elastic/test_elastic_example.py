@@ -81,3 +81,17 @@ def test_elastic_example_shrinks_when_a_host_dies(tmp_path):
     assert text[-1] == "done: 20 epochs", text[-5:]
     assert "far3 sits out" in run.stderr, run.stderr[-3000:]
     assert wait_gone(script) == [] and leftover_segments(run.stderr) == []
+
+
+def test_readme_snippet_is_an_excerpt_of_the_example():
+    """The README's elastic snippet is the example's code, lines in the same order (printing left out): no
+    undefined names such as the `step`, `batches`, `set_lr` of the snippet before the example existed."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Elastic training"):]
+    snippet = section[section.index("```python\n") + 10:]
+    snippet = [line.strip() for line in snippet[:snippet.index("```")].splitlines() if line.strip()]
+    example = [line.strip() for line in EXAMPLE.read_text().splitlines()]
+    at = 0
+    for line in snippet:
+        assert line in example[at:], f"README snippet line not in the example (in order): {line!r}"
+        at = example.index(line, at) + 1
