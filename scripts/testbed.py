@@ -391,6 +391,18 @@ def status(state_dir: Path = STATE_DIR) -> str:
     return "\n".join(lines)
 
 
+def up_report(tb: Testbed, seconds: float) -> str:
+    """What `up` prints: the state dir, an ssh line, the hostfile it wrote (path and contents) and a launch
+    line that uses both, for a user to copy."""
+    lines = [f"testbed up: {len(tb.hosts)} hosts in {seconds:.2f} s; state {tb.state_dir}",
+             f"  ssh -F {tb.ssh_config} h1 hostname",
+             f"hostfile {tb.hostfile}:",
+             *(f"  {line}" for line in tb.hostfile.read_text().splitlines()),
+             "launch:",
+             f"  {_trainrun_exe()} --ssh-config {tb.ssh_config} --hostfile {tb.hostfile} train.py"]
+    return "\n".join(lines) + "\n"
+
+
 def _trainrun_exe() -> str:
     """This checkout's trainrun (its venv's) when it has one, else `trainrun` from PATH: for the launch line."""
     exe = Path(__file__).resolve().parents[1] / ".venv/bin/trainrun"
@@ -423,11 +435,7 @@ def main(argv: list[str]) -> int:
             return 1 if left else 0
         t0 = time.monotonic()
         tb = up(int(argv[1]) if len(argv) > 1 else 3)
-        print(f"testbed up: {len(tb.hosts)} hosts in {time.monotonic() - t0:.2f} s; state {tb.state_dir}")
-        print(f"  ssh -F {tb.ssh_config} h1 hostname")
-        print(f"hostfile {tb.hostfile}:")
-        print("".join(f"  {line}\n" for line in tb.hostfile.read_text().splitlines()), end="")
-        print(f"  {_trainrun_exe()} --ssh-config {tb.ssh_config} --hostfile {tb.hostfile} train.py")
+        print(up_report(tb, time.monotonic() - t0), end="")
         return 0
     except TestbedError as e:
         print(f"testbed: {e}", file=sys.stderr)
