@@ -1,6 +1,7 @@
 """`trainrun --check` against the simulated hosts: facts, the NIC probe's choice, and every failure
 stage named with its host and a non-zero exit."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -115,3 +116,65 @@ def test_changed_host_key_is_refused(cluster, tmp_path):
     r = check(cluster, "--hostfile", str(cluster.hostfile), cwd=tmp_path, config=config)
     assert r.returncode == CHECK_FAILED
     assert "problem: h3: hostkey: host key for 10.241.0.4 CHANGED" in r.stdout and f"line 3 of {kh}" in r.stdout
+
+
+# issue 25 item 4: what the launch would stumble on is found by --check, each in one line naming the host
+
+def launch(cluster, *args, cwd):
+    argv = [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_missing_workdir_is_named_per_host(cluster, tmp_path):
+    """Before: --check passed, and the launch then ended with 127 and a line per rank."""
+    r = check(cluster, "--hostfile", str(cluster.hostfile), "--workdir", "/no/such/dir", cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED, r.stdout + r.stderr
+    for h in ("h1", "h2", "h3"):
+        assert f"problem: {h}: workdir: working directory /no/such/dir does not exist there (create it, or pass --workdir)" \
+            in r.stdout, r.stdout
+    assert "Traceback" not in r.stderr
+    no_probe_server_left()
+
+
+def test_wrong_python_path_is_named(cluster, tmp_path):
+    """Before: a --python missing on the hosts was silently replaced by python3."""
+    r = check(cluster, "-H", "h2:1", "--python", "/opt/nowhere/bin/python3", cwd=tmp_path)
+    assert r.returncode == CHECK_FAILED, r.stdout + r.stderr
+    assert "problem: h2: python: --python /opt/nowhere/bin/python3: no such interpreter there" in r.stdout, r.stdout
+    run = launch(cluster, "-H", "h2:1", "--python", "/opt/nowhere/bin/python3", "true", cwd=tmp_path)
+    assert run.returncode == 3 and run.stderr.strip().splitlines() == [
+        "trainrun: error: h2: python: --python /opt/nowhere/bin/python3: no such interpreter there "
+        "(check the path given to --python)"], run.stderr
+
+
+def test_no_python_on_a_host(cluster, tmp_path):
+    """h2 without a usable Python: the launcher's interpreter and every python3 on the PATH (a pyenv shim
+    included) shadowed by /dev/null inside h2's mount namespace (exec of them fails with EACCES).
+    Before: `sh: 1: exec: python3: Permission denied`."""
+    shims = [os.path.expanduser("~/.pyenv/shims/python3"), "/usr/local/bin/python3", "/usr/bin/python3"]
+    targets = [os.path.realpath(sys.executable), *(os.path.realpath(p) for p in shims if os.path.exists(p))]
+    mounted = []
+    try:
+        for t in targets:
+            if t not in mounted:
+                cluster.run(2, ["mount", "--bind", "/dev/null", t], check=True)
+                mounted.append(t)
+        run = launch(cluster, "-H", "h1:1,h2:1", "true", cwd=tmp_path)
+        r = check(cluster, "-H", "h1:1,h2:1", cwd=tmp_path)
+    finally:
+        for t in reversed(mounted):
+            cluster.run(2, ["umount", t])
+    assert run.returncode == 3 and run.stderr.strip().splitlines() == [
+        "trainrun: error: h2: python: python3 not found (pass --python)"], run.stderr
+    assert r.returncode == CHECK_FAILED and "problem: h2: python: python3 not found (pass --python)" in r.stdout, r.stdout
+    no_probe_server_left()
+
+
+def test_missing_py_program_on_a_remote_host_is_127(cluster, tmp_path):
+    """Before: Python's own `can't open file` on every rank and exit 2. (The agent reports it as the job's first
+    failure: the summary's first line names it; the lines after it are the job report's.)"""
+    run = launch(cluster, "-H", "h2:2", "--workdir", str(tmp_path), "no_such_train.py", cwd=tmp_path)
+    first = run.stderr.strip().splitlines()[0]
+    assert run.returncode == 127, run.stderr
+    assert first.startswith("trainrun: h2: rank 0 on h2: program no_such_train.py: no such file"), run.stderr
+    assert "Traceback" not in run.stderr and "can't open file" not in run.stderr

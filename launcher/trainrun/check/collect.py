@@ -29,39 +29,64 @@ class ProbeServer:
     nonce: str
 
 
-def _remote_facts(engine, host: HostSpec, timeout: float, serve: bool = False):
+def _workdir_check(host: HostSpec, facts: HostFacts, missing: str | None, via: str = "remote") -> HostCheck:
+    """The HostCheck of a host whose facts came back: failed at stage "workdir" when the ranks' working
+    directory is not there (the launch would end with 127 on every rank of it)."""
+    if missing is None:
+        return HostCheck(host.name, host.slots, facts=facts, via=via)
+    return HostCheck(host.name, host.slots, "workdir", f"working directory {missing} does not exist there "
+                     "(create it, or pass --workdir)", facts=facts, via=via)
+
+
+def _remote_facts(engine, host: HostSpec, timeout: float, serve: bool = False, workdir: str | None = None):
     """(HostCheck, ProbeServer or None) for one reached remote host. With `serve`, the facts come from a
-    probe server started in the same remote process, left running for the probe round."""
+    probe server started in the same remote process, left running for the probe round. `workdir`: the
+    ranks' working directory, checked there."""
     nonce = os.urandom(8).hex() if serve else None
     ch = None
+    args = [*(["--workdir", workdir] if workdir else []), *(["serve", host.name, nonce] if serve else [])]
     try:
-        ch = engine.run_module(host.name, "trainrun.facts", *(["serve", host.name, nonce] if serve else []), timeout=timeout)
+        ch = engine.run_module(host.name, "trainrun.facts", *args, timeout=timeout)
         text = (ch.readline() if serve else ch.read()).decode()
         if not serve or not text:  # a server that printed nothing has exited: its status and stderr say why
             status = ch.exit_status()
             if status != 0 or not text:
-                last = (ch.stderr_text().strip().splitlines() or ["no output"])[-1]
-                hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
+                stderr = ch.stderr_text()
                 ch.close()
-                return HostCheck(host.name, host.slots, "facts", f"{last}{hint}"), None
+                return _start_failure(host, stderr), None
         doc = json.loads(text)
+        missing = doc.pop("workdir_missing", None)
         if not serve:
             ch.close()
-            return HostCheck(host.name, host.slots, facts=HostFacts.from_json(doc)), None
+            return _workdir_check(host, HostFacts.from_json(doc), missing), None
         facts = HostFacts.from_json(doc.pop("facts"))
-        return HostCheck(host.name, host.slots, facts=facts), ProbeServer(ch, doc, nonce)
+        return _workdir_check(host, facts, missing), ProbeServer(ch, doc, nonce)
     except Exception as exc:  # the engine's transport (SSH, srun) or a garbled answer: a finding, not a crash
         if ch is not None:
             ch.close()
         return HostCheck(host.name, host.slots, "facts", f"no answer from trainrun.facts ({type(exc).__name__})"), None
 
 
-def _local_facts(host: HostSpec, timeout: float) -> HostCheck:
+def _start_failure(host: HostSpec, stderr: str) -> HostCheck:
+    """The HostCheck of a host where `python -m trainrun.facts` did not answer: no interpreter (stage
+    "python", from the engine's start line), else the facts stage with its last stderr line."""
+    if "trainrun-no-python:" in stderr:
+        from trainrun.fanout.ssh_engine import no_python_error
+
+        if (err := no_python_error(host.name, stderr)) is not None:
+            return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})")
+    last = (stderr.strip().splitlines() or ["no output"])[-1]
+    hint = " (install trainrun there, or pass --python)" if "No module named" in last else ""
+    return HostCheck(host.name, host.slots, "facts", f"{last}{hint}")
+
+
+def _local_facts(host: HostSpec, timeout: float, workdir: str | None = None) -> HostCheck:
     """This machine's HostCheck: the same facts, no fan-out, no server."""
     r = subprocess.run([sys.executable, "-m", "trainrun.facts"], capture_output=True, text=True, timeout=timeout)
     if r.returncode:
         return HostCheck(host.name, host.slots, "facts", (r.stderr.strip().splitlines() or ["failed"])[-1], via="local")
-    return HostCheck(host.name, host.slots, facts=HostFacts.from_json(json.loads(r.stdout)), via="local")
+    missing = workdir if workdir and not os.path.isdir(workdir) else None
+    return _workdir_check(host, HostFacts.from_json(json.loads(r.stdout)), missing, via="local")
 
 
 def _progress(done: int, total: int) -> None:
@@ -83,8 +108,9 @@ def collect_hosts(hosts: list[HostSpec], cfg, engine, serve: bool = False) -> tu
     servers = {}
     todo = [h for h in hosts if h.name not in results]
     with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(todo) or 1))) as pool:
-        futures = {pool.submit(_remote_facts, engine, h, timeout, serve) if h in remote
-                   else pool.submit(_local_facts, h, timeout): h for h in todo}
+        workdir = cfg.workdir or os.getcwd()  # the ranks' working directory, as make_plan gives it
+        futures = {pool.submit(_remote_facts, engine, h, timeout, serve, workdir) if h in remote
+                   else pool.submit(_local_facts, h, timeout, workdir): h for h in todo}
         _progress(len(results), len(hosts))
         for n, fut in enumerate(futures, len(results) + 1):
             h = futures[fut]

@@ -123,18 +123,25 @@ def _distro() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m trainrun.facts`: print check_facts() as JSON. `python -m trainrun.facts serve HOST NONCE`:
+    """`python -m trainrun.facts [--workdir DIR]`: print check_facts() as JSON. `... serve HOST NONCE`:
     also serve the NIC probe (nics.serve, with the facts as "facts" on its first line) until stdin closes,
-    so `--check` needs one remote process per host before the probe round, not two."""
+    so `--check` needs one remote process per host before the probe round, not two. With --workdir, a DIR
+    that is not a directory here is reported as "workdir_missing" beside the facts (the ranks' cwd)."""
     import json
+    import os
 
+    missing = {}
+    if argv[:1] == ["--workdir"] and len(argv) >= 2:
+        if not os.path.isdir(argv[1]):
+            missing = {"workdir_missing": argv[1]}
+        argv = argv[2:]
     if not argv:
-        print(json.dumps(check_facts().to_json()))
+        print(json.dumps({**check_facts().to_json(), **missing}))
         return 0
     if len(argv) == 3 and argv[0] == "serve":
         from trainrun.net.nics import serve
 
-        serve(argv[1], argv[2], extra={"facts": check_facts().to_json()})
+        serve(argv[1], argv[2], extra={"facts": check_facts().to_json(), **missing})
         return 0
-    print("usage: python -m trainrun.facts [serve HOST NONCE]", file=sys.stderr)
+    print("usage: python -m trainrun.facts [--workdir DIR] [serve HOST NONCE]", file=sys.stderr)
     return 2
