@@ -9,7 +9,7 @@ distinct per kind so scripts can tell them apart:
     4    the connectivity check found the job cannot run
     124  ranks did not start in time (--start-timeout)
     126  program found but not executable (shell convention)
-    127  program not found (shell convention)
+    127  program not found (shell convention; a missing `.py` program too)
 
 A job whose ranks ran exits with the first failing rank's code (128+N for signal N), so these codes
 are only promised for failures before any rank ran.
@@ -41,7 +41,8 @@ class ProgramError(TrainrunError):
 
 
 class HostError(TrainrunError):
-    """A host could not be reached or prepared. `host` and `stage` say where it failed."""
+    """A host could not be reached or prepared. `host` and `stage` say where it failed: dns, tcp, ssh, hostkey,
+    auth (fanout/ssh.py), python (no interpreter there: fanout/ssh_engine.py), agent."""
 
     exit_code = 3
 

@@ -2,7 +2,7 @@
 
 Pure: `evaluate`, `render_report` and `report_json` turn collected results (collect.py) into problems,
 a verdict and tables. A report is OK only when the job could
-run as asked: every host reached and set up, enough GPUs for the local ranks (or sharing allowed),
+run as asked: every host reached and set up (its Python found, the ranks' working directory there), enough GPUs for the local ranks (or sharing allowed),
 one MPI across hosts, and, with several hosts, at least one NIC routable between all of them.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from trainrun.table import render_table
 class HostCheck:
     host: str
     slots: int
-    stage: str | None = None  # the stage that failed (dns, tcp, ssh, hostkey, auth, facts), None if OK
+    stage: str | None = None  # the stage that failed (dns, tcp, ssh, hostkey, auth, python, facts, workdir), None if OK
     error: str = ""
     facts: HostFacts = NO_FACTS
     via: str = "remote"  # or "local": this machine, no fan-out
