@@ -15,7 +15,7 @@ from trainrun._horovod import SHIM_DIR
 
 PROGRAMS = Path(__file__).parent / "programs"
 SHIM_INIT = os.path.join(SHIM_DIR, "horovod", "__init__.py")
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TRAINRUN_STALL_TIMEOUT": "60"}
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "TRAINRUN_STALL_TIMEOUT": "60", "KERAS_BACKEND": "tensorflow"}
 needs_tf = pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow not installed")
 
 
