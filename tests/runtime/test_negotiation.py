@@ -75,3 +75,37 @@ def test_join_counts_as_present_for_allreduce_and_reports_last():
     assert c.responses() == [("allreduce", ["a"], ("float32", Sum, 1.0, 1.0, "cpu", [(3,)]), None)]
     c.submit(0, [meta("__join__", kind="join")])
     assert c.responses() == [("join", ["__join__"], 0, None)]
+
+
+def test_a_rank_that_shut_down_fails_what_the_others_wait_for_at_once():
+    """Rank 1 left (submitted shutdown, its program ended) while ranks 0 and 2 wait in 'x': 'x' fails
+    at once for them, naming rank 1 in the form the launcher reads (run/result.py named_rank)."""
+    c = Coordinator(3, fusion_threshold=0, stall_timeout=60)
+    c.submit(0, [meta("x")])
+    c.submit(2, [meta("x")])
+    c.submit(1, [meta("__shutdown__", kind="shutdown")])
+    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    assert (kind, names, submitters, cls) == ("error", ["x"], [{0, 2}], "left")
+    assert msg.startswith("trainrun: rank 1 stopped: it left (its program ended or called hvd.shutdown) "
+                          "while ranks 0,2 waited in allreduce 'x'; collectives cannot complete"), msg
+    c.submit(0, [meta("later", kind="broadcast", root=0)])  # a later op it lacks fails as soon as it is seen
+    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    assert (names, submitters, cls) == (["later"], [{0}], "left") and "rank 0 waited in broadcast 'later'" in msg
+
+
+def test_an_op_the_leaving_rank_submitted_still_runs():
+    c = Coordinator(2, fusion_threshold=0, stall_timeout=60)
+    c.submit(1, [meta("a"), meta("__shutdown__", kind="shutdown")])  # an async op it never waited for
+    c.submit(0, [meta("a")])
+    assert c.responses() == [("allreduce", ["a"], None, None)]
+
+
+def test_shutdown_never_stalls_and_completes_when_every_rank_is_there():
+    """A rank that finished waits in shutdown for as long as the others work: no stall error for it."""
+    clock = Clock()
+    c = Coordinator(2, fusion_threshold=0, stall_timeout=10, clock=clock)
+    c.submit(0, [meta("__shutdown__", kind="shutdown")])
+    clock.t = 1000
+    assert c.responses() == [] and not c.stall_check_due()
+    c.submit(1, [meta("__shutdown__", kind="shutdown")])
+    assert c.responses() == [("shutdown", ["__shutdown__"], None, None)]

@@ -239,5 +239,9 @@ def take_stacks(targets: list[Target], py_spy: str | None) -> list[RankStack]:
         else:
             errors[t.rank].append(error)
             results[t.rank] = RankStack(t.rank, t.host, t.pid, "", error="; ".join(errors[t.rank]))
+    for t in targets:  # one that failed may have been stopped meanwhile: say so rather than why it failed
+        s = results[t.rank]
+        if s.error and not s.state and (state := proc_state(s.pid)) in SILENT_STATES:
+            results[t.rank] = RankStack(t.rank, t.host, s.pid, "", error=SILENT_STATES[state], state=state)
     out = [results[t.rank] for t in targets]
     return [s if s.error else RankStack(s.rank, s.host, s.pid, s.method, s.threads, render_text(s)) for s in out]

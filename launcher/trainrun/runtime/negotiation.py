@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 
+from trainrun.rankset import describe_ranks
 from trainrun.runtime.fusion import Batch, Fuser, fusion_of
 from trainrun.runtime.messages import Absent, Failure, JoinedInfo, Meta, Response
 from trainrun.runtime.ops import OP_NAMES
@@ -223,10 +224,10 @@ class Coordinator:
             ops = ", ".join(f"{next(iter(e.values())).kind} '{n}'" for n, e in zip(names[:10], entries))
             if len(names) > 10:
                 ops += f" and {len(names) - 10} more"
-            also = f" ({_ranks(missing[1:])} left too)" if len(missing) > 1 else ""
+            also = f" ({describe_ranks(missing[1:])} left too)" if len(missing) > 1 else ""
             out.append(Response("error", names, [set(e) for e in entries], Failure("left", (
                 f"trainrun: rank {missing[0]} stopped: it left (its program ended or called hvd.shutdown) "
-                f"while {_ranks(waiting)} waited in {ops}{also}; collectives cannot complete without it"))))
+                f"while {describe_ranks(waiting)} waited in {ops}{also}; collectives cannot complete without it"))))
         return out
 
     def _stalls(self) -> list[Response]:
