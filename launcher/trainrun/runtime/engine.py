@@ -38,8 +38,10 @@ checked in full, so mismatches and stalls are reported as on first use.
 
 Failure: a mismatch or stall response fails the named handles on every rank that submitted them; an
 exception inside the engine fails every outstanding handle and closes the engine. `shutdown()` is
-collective (it waits for every rank's shutdown, or the stall timeout), fails whatever is left, writes the
-timeline and frees the communicators. `abort()` (a rank exiting after an unhandled exception) is not:
+collective (it waits, taking part in rounds, for every rank's shutdown, with no stall timeout: ranks
+finish at different times), fails whatever is left, writes the timeline and frees the communicators;
+from the moment a rank submits it, the other ranks' ops it lacks fail at once (negotiation.py: it left).
+A peer whose engine takes no part at all (stopped, gone) is the diag thread's to report (liveness()). `abort()` (a rank exiting after an unhandled exception) is not:
 it flags its next round, and the phase that follows makes every other rank fail everything outstanding.
 """
 from __future__ import annotations

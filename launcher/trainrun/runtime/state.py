@@ -5,7 +5,9 @@ Thin accessors over the one runtime object (context.RUNTIME) and the process-set
 
 `init()` is idempotent and collective (all ranks call it); `shutdown()` too, and it also runs at exit
 -- except after an unhandled exception, when this rank aborts instead (Engine.abort), so the others
-fail fast rather than wait for it.
+fail fast rather than wait for it. A rank's shutdown also fails at once the others' ops it never joined
+("rank N stopped: it left ... while rank M waited in allreduce 'x'"), so that a rank whose program ends
+early never leaves the others waiting.
 Settings come from the environment at init, TRAINRUN_* first, then Horovod's HOROVOD_* names (horovod_env.py:
 fusion threshold, response-cache capacity, stall timeout, timeline, log level); rank 0 prints, once per
 process, a line for each HOROVOD_* variable that has no effect here (and, at log level info, the settings).
