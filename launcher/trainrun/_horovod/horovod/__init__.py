@@ -12,10 +12,13 @@ __trainrun__ = "trainrun"
 
 
 def __getattr__(name: str):
-    """`horovod.run(func, ...)`: trainrun.run, where this trainrun has it."""
+    """`horovod.run(func, ...)`: Horovod's signature over trainrun.run (trainrun.runfunc.horovod), where this
+    trainrun has it."""
     if name == "run":
-        import trainrun
+        import importlib
 
-        if hasattr(trainrun, "run"):
-            return trainrun.run
+        try:
+            return importlib.import_module("trainrun.runfunc.horovod").run
+        except ModuleNotFoundError:
+            pass
     raise AttributeError(f"module 'horovod' (trainrun's shim) has no attribute {name!r}")
