@@ -26,3 +26,16 @@ def test_remote_ranks_import_trainruns_horovod(cluster):
 def test_remote_ranks_without_the_shim_on_request(cluster):
     proc = launch(cluster, "--horovod", "installed")
     assert proc.returncode != 0 and "No module named 'horovod'" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_slurm_ranks_import_trainruns_horovod(slurm, tmp_path):
+    """Inside an allocation the agents run in srun steps and start the ranks: the shim is on their path too."""
+    try:
+        p = slurm.run(1, ["salloc", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "trainrun", "--prefix", "none",
+                          "--mpi", "none", sys.executable, "-c", CODE], cwd=tmp_path, timeout=120)
+    finally:
+        left = slurm.cancel_all()
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = sorted(line.split("HOROVOD ", 1)[1] for line in p.stdout.splitlines() if "HOROVOD " in line)
+    assert rows == [f"h1 {SHIM_DIR}/horovod/__init__.py", f"h2 {SHIM_DIR}/horovod/__init__.py"], p.stdout
+    assert left == []
