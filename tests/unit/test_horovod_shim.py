@@ -30,9 +30,13 @@ def test_the_shim_goes_first_on_pythonpath_once():
     assert rank_env(env, shim_dir="/s") == env  # a rank that starts ranks (elastic, nested) does not stack it
 
 
-def test_installed_leaves_pythonpath_alone():
+def test_installed_leaves_the_shim_out():
     env = {"TRAINRUN_HOROVOD": "installed", "PYTHONPATH": "/a"}
     assert rank_env(env) == env
+    assert rank_env({"TRAINRUN_HOROVOD": "installed"}) == {"TRAINRUN_HOROVOD": "installed"}
+    # a launch from inside a rank: the shim inherited on PYTHONPATH goes
+    nested = {"TRAINRUN_HOROVOD": "installed", "PYTHONPATH": f"/s{os.pathsep}/a"}
+    assert rank_env(nested, shim_dir="/s") == {"TRAINRUN_HOROVOD": "installed", "PYTHONPATH": "/a"}
 
 
 def test_the_host_that_starts_a_rank_adds_its_own_shim():

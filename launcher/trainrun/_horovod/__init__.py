@@ -37,9 +37,13 @@ def describe(which: str) -> str:
 
 
 def rank_env(env: dict[str, str], shim_dir: str = SHIM_DIR) -> dict[str, str]:
-    """`env` (a rank's full environment) with the shim first on PYTHONPATH, unless TRAINRUN_HOROVOD=installed.
-    A value that is not a choice counts as the default here (the launcher refused it before starting). Pure."""
+    """`env` (a rank's full environment) with the shim first on PYTHONPATH; with TRAINRUN_HOROVOD=installed, without
+    it (a launch from inside a rank inherits the shim on its PYTHONPATH). A value that is not a choice counts as
+    the default here (the launcher refused it before starting). Pure."""
+    path = env.get("PYTHONPATH")
+    parts = [p for p in (path or "").split(os.pathsep) if p and p != shim_dir]
     if env.get(VARIABLE) == "installed":
-        return env
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != shim_dir]
+        if path is None or parts == path.split(os.pathsep):
+            return env
+        return {**env, "PYTHONPATH": os.pathsep.join(parts)}
     return {**env, "PYTHONPATH": os.pathsep.join([shim_dir, *parts])}
