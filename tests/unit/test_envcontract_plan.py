@@ -160,3 +160,12 @@ def test_rank_env_map_reads_like_the_dict():
     assert {**env} == dict(env.items()) == want and len(env) == len(want) and sorted(env) == sorted(want)
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["SLURM_PROCID"] == "3" and "TF_CONFIG" in env
     assert "CUDA_VISIBLE_DEVICES" not in plan.procs[0].env and env.get("NOPE") is None
+
+
+def test_plan_json_gives_tf_config_once():
+    """Before: every rank's env in --dry-run --json carried a TF_CONFIG listing every worker (N^2 output)."""
+    a = assign_ranks([HostSpec("a", 3)], 3)
+    job = JobInfo("j", "x", 1, tf_workers=("a:1", "a:2", "a:3"))
+    doc = json.loads(plan_json(build_plan(a, job, ("p",), "/w", {})))
+    assert doc["tf_workers"] == ["a:1", "a:2", "a:3"]
+    assert all("TF_CONFIG" not in r["env"] and r["env"]["RANK"] == str(r["rank"]) for r in doc["ranks"])

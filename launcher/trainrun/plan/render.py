@@ -36,6 +36,9 @@ def plan_table(plan: LaunchPlan, notes: dict | None = None) -> str:
 
 
 def plan_json(plan: LaunchPlan, notes: dict | None = None) -> str:
+    """The plan as JSON: the job, then every rank with its env. TF_CONFIG is given once, as "tf_workers" (each
+    rank's TF_CONFIG is that worker list with its rank as the task index), not in every rank's env: listing
+    every worker per rank would make the document quadratic in the ranks (92 GB at 65536 ranks)."""
     job = plan.job
     doc = {
         **(notes or {}),
@@ -43,13 +46,15 @@ def plan_json(plan: LaunchPlan, notes: dict | None = None) -> str:
         "master_addr": job.master_addr,
         "master_port": job.master_port,
         "nics": list(job.nics),
+        "tf_workers": list(job.tf_workers),
         "ranks": [
             {
                 "rank": p.rank, "host": str(p.assignment.host), "local_rank": p.assignment.local_rank,
                 "local_size": p.assignment.local_size, "cross_rank": p.assignment.cross_rank,
                 "cross_size": p.assignment.cross_size, "node_rank": p.assignment.node_rank,
                 "nnodes": p.assignment.nnodes, "gpus": list(p.assignment.gpus), "bind_to": p.bind_to,
-                "argv": list(p.argv), "cwd": p.cwd, "env": redacted(p.env),
+                "argv": list(p.argv), "cwd": p.cwd,
+                "env": redacted({k: p.env[k] for k in p.env if k != "TF_CONFIG"}),
             }
             for p in plan.procs
         ],
