@@ -104,6 +104,52 @@ class _LearningRateWarmup:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
 
 
+class _LearningRateSchedule:
+    """Horovod's LearningRateScheduleCallback: from `start_epoch` until `end_epoch` (exclusive; None: the
+    end), lr = initial_lr * multiplier(epoch), `multiplier` a number or a function of the epoch. With
+    `staircase` the rate changes at each epoch's start (integer epochs), else every batch (epoch + the
+    fraction of it done; `steps_per_epoch` defaults to what `fit` reports). `momentum_correction` is
+    accepted (Horovod's applies to TF1 momentum optimizers only)."""
+
+    def __init__(self, initial_lr: float, multiplier, start_epoch: int = 0, end_epoch: int | None = None,
+                 staircase: bool = True, momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0):
+        super().__init__()
+        self.initial_lr, self.start_epoch, self.end_epoch = float(initial_lr), start_epoch, end_epoch
+        self.staircase, self.steps_per_epoch, self.verbose = staircase, steps_per_epoch, verbose
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self._epoch = 0
+
+    def _active(self, epoch: float) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch: float) -> None:
+        lr = self.initial_lr * self.multiplier(epoch)
+        optimizer = self.model.optimizer
+        if hasattr(optimizer.learning_rate, "assign"):
+            optimizer.learning_rate.assign(lr)
+        else:
+            optimizer.learning_rate = lr
+
+    def on_train_begin(self, logs=None):
+        if not self.staircase and self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps") if self.params else None
+            if not self.steps_per_epoch:
+                raise ValueError("LearningRateScheduleCallback(staircase=False) needs steps_per_epoch "
+                                 "(fit did not report it)")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.staircase and self._active(epoch):
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase:
+            epoch = self._epoch + batch / self.steps_per_epoch
+            if self._active(epoch):
+                self._set(epoch)
+
+
 def make(keras, ops) -> SimpleNamespace:
     """The callback classes for this Keras and backend."""
     base = keras.callbacks.Callback
@@ -114,4 +160,5 @@ def make(keras, ops) -> SimpleNamespace:
         BroadcastGlobalVariablesCallback=cls("BroadcastGlobalVariablesCallback", _BroadcastGlobalVariables,
                                              {"_ops": ops}),
         MetricAverageCallback=cls("MetricAverageCallback", _MetricAverage),
-        LearningRateWarmupCallback=cls("LearningRateWarmupCallback", _LearningRateWarmup))
+        LearningRateWarmupCallback=cls("LearningRateWarmupCallback", _LearningRateWarmup),
+        LearningRateScheduleCallback=cls("LearningRateScheduleCallback", _LearningRateSchedule))

@@ -32,8 +32,39 @@ from trainrun.runtime import allgather_object, barrier, broadcast_object, join  
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, init,  # noqa: E402
-                                    is_homogeneous, is_initialized, local_rank, local_size, process_sets,
-                                    rank, remove_process_set, shutdown, size)
+from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
+                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_sets, rank,
+                                    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
+
+
+def ccl_built() -> bool:
+    """False: trainrun has no oneCCL backend."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: trainrun has no IBM DDL backend."""
+    return False
+
+
+def broadcast_global_variables(root_rank):
+    """Keras 3 has no global variables: broadcast the model's through hvd.callbacks.BroadcastGlobalVariablesCallback
+    (as Horovod's Keras examples do) or hvd.broadcast_variables(model.variables, root_rank)."""
+    raise RuntimeError("hvd.broadcast_global_variables() needs TF1 global variables, which Keras 3 does not have; use "
+                       "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) or "
+                       "hvd.broadcast_variables(model.variables, root_rank)")
+
+
+def __getattr__(name):
+    """`hvd.elastic`: Horovod's horovod.keras.elastic (KerasState and its callbacks) on the TensorFlow backend."""
+    if name == "elastic":
+        if keras.backend.backend() != "tensorflow":
+            raise NotImplementedError("trainrun.keras.elastic needs Keras's tensorflow backend (KERAS_BACKEND=tensorflow); "
+                                      "on torch use trainrun.torch.elastic.TorchState with the model and optimizer")
+        import importlib
+
+        return importlib.import_module("trainrun.tensorflow.keras.elastic")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("os", "sys", "keras", "ops", "optimizer")]

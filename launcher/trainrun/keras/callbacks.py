@@ -8,5 +8,6 @@ _classes = make(keras, binding)
 BroadcastGlobalVariablesCallback = _classes.BroadcastGlobalVariablesCallback
 MetricAverageCallback = _classes.MetricAverageCallback
 LearningRateWarmupCallback = _classes.LearningRateWarmupCallback
+LearningRateScheduleCallback = _classes.LearningRateScheduleCallback
 
-__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateWarmupCallback", "MetricAverageCallback"]
+__all__ = ["BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback", "LearningRateWarmupCallback", "MetricAverageCallback"]

@@ -45,6 +45,22 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     return tf.group(*[v.assign(tf.reshape(o, r.shape)) for v, o, r in zip(variables, outs, reads)])
 
 
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """Horovod's in-place broadcast: root_rank's values assigned to `variables` on every rank; returns
+    their values after it (eagerly now; in a graph, tensors that read them once the assignment ran)."""
+    variables = list(variables)
+    op = broadcast_variables(variables, root_rank, process_set, prefix=name or "broadcast_")
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(v) for v in variables]
+    with tf.control_dependencies([op]):
+        return [tf.identity(v.read_value() if hasattr(v, "read_value") else v) for v in variables]
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
+    """A function that broadcasts its argument (any picklable object) from root_rank, as Horovod's."""
+    return lambda obj: broadcast_object(obj, root_rank, session, name, process_set)
+
+
 def broadcast_global_variables(root_rank, process_set=global_process_set):
     """The op that assigns root_rank's values to every global variable (TF1 graphs only)."""
     if tf.executing_eagerly():

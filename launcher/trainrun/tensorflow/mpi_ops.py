@@ -9,10 +9,12 @@ Names: an explicit `name` is used as is. Without one, eager ops take the runtime
 (ranks calling in the same order agree); graph ops are named after their input tensor at trace time,
 as Horovod does, so a graph op keeps one name across steps (the response cache's fast path).
 
-Gradients (Horovod's): of an allreduce, the same allreduce of the gradient; of an allgather, this
-rank's slice of the summed gradient; of a broadcast, the summed gradient on the root and zeros
-elsewhere; of a reducescatter, the allgathered gradient (over the set size for Average). Eagerly the
-gradient is recorded only while a tape could be watching (tf.custom_gradient costs ~100 us a call).
+Gradients (horovod.tensorflow's convention, which averages where trainrun.torch's sums): of an
+allreduce, the same allreduce of the gradient; of an allgather, this rank's slice of the averaged
+gradient; of a broadcast, the averaged gradient on the root and zeros elsewhere; of a reducescatter,
+the allgathered gradient (times the set size for Sum); of an alltoall, the alltoall of the gradient
+back by the received splits. Eagerly the gradient is recorded only while a tape could be watching
+(tf.custom_gradient costs ~100 us a call).
 """
 from __future__ import annotations
 
@@ -222,6 +224,14 @@ def _reducescatter(tensor, name, op, pre, post, process_set):
     return out
 
 
+def _check_sparse(op, prescale_factor, postscale_factor) -> None:
+    """Horovod's refusals for tf.IndexedSlices (which are gathered, not reduced)."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+
+
 # ---- public ops ---------------------------------------------------------------------------
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=global_process_set,
@@ -249,15 +259,13 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 def _allreduce_any(tensor, average, compression, op, prescale_factor, postscale_factor, name, process_set):
     op = _check_op(handle_average_backwards_compatibility(op, average))
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Average, Sum):
-            raise NotImplementedError("allreduce of tf.IndexedSlices supports op=Average or Sum only")
+        _check_sparse(op, prescale_factor, postscale_factor)
         values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
                             process_set=process_set)
         if op == Average:
             values = values / tf.cast(_set_rank(process_set)[1], values.dtype)
-        return tf.IndexedSlices(values * prescale_factor * postscale_factor if (prescale_factor, postscale_factor)
-                                != (1.0, 1.0) else values, indices, dense_shape=tensor.dense_shape)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     pre, post = float(prescale_factor), float(postscale_factor)
@@ -270,8 +278,22 @@ def _allreduce_any(tensor, average, compression, op, prescale_factor, postscale_
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None,
                       process_set=global_process_set) -> list:
-    """allreduce of a list in one negotiation and (per dtype) one fused reduction. Differentiable."""
+    """allreduce of a list in one negotiation and (per dtype) one fused reduction. Differentiable.
+    tf.IndexedSlices in the list are gathered, each as allreduce does (op Average or Sum only)."""
     op = _check_op(handle_average_backwards_compatibility(op, average))
+    tensors = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        _check_sparse(op, prescale_factor, postscale_factor)
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        out = [None] * len(tensors)
+        for i, r in zip(dense, grouped_allreduce([tensors[i] for i in dense], compression=compression, op=op,
+                                                 name=name, process_set=process_set)):
+            out[i] = r
+        for i in sparse:
+            out[i] = allreduce(tensors[i], op=op, name=None if name is None else f"{name}.sparse.{i}",
+                               process_set=process_set)
+        return out
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     pairs = [compression.compress(t) for t in tensors]
     pre, post = float(prescale_factor), float(postscale_factor)
@@ -291,7 +313,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     tensor = tf.convert_to_tensor(tensor)
 
     def backward(dy):
-        dy = _allreduce(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0, process_set)
+        dy = _allreduce(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0, process_set)
         dims = _allgather(tf.reshape(tf.shape(tensor, out_type=tf.int64)[0], [1]), None, process_set)
         me = _set_rank(process_set)[0]
         offset = tf.reduce_sum(dims[:me])
@@ -305,7 +327,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     tensor = tf.convert_to_tensor(tensor)
 
     def backward(dy):
-        dy = _allreduce(tf.convert_to_tensor(dy), None, Sum, 1.0, 1.0, process_set)
+        dy = _allreduce(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0, process_set)
         # the same ops on every rank (graph ops are named after tensors: rank-dependent graph
         # structure would give later ops different names on different ranks)
         return dy * tf.cast(state.rank() == root_rank, dy.dtype)
@@ -324,17 +346,29 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     pre, post = float(prescale_factor), float(postscale_factor)
 
     def backward(dy):
-        grad = _allgather(tf.convert_to_tensor(dy), None, process_set)
-        return grad / tf.cast(_set_rank(process_set)[1], grad.dtype) if op == Average else grad
+        dy = tf.convert_to_tensor(dy)
+        if op == Sum:  # (Horovod's scale: each rank's slice counted once per rank)
+            dy = dy * tf.cast(_set_rank(process_set)[1], dy.dtype)
+        return _allgather(dy, None, process_set)
     out = _recorded(lambda x: _reducescatter(x, name, op, pre, post, process_set), backward, compressed)
     return compression.decompress(out, ctx)
 
 
-@failures.raising
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Rows splits[r] of dim 0 go to rank r (equal parts when None). Returns (output, received_splits),
-    as horovod.tensorflow does. Not differentiable."""
-    tensor = tf.convert_to_tensor(tensor)
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set) -> list:
+    """allgather of each tensor of a list (named `name`.i when named). Differentiable."""
+    return [allgather(t, name=None if name is None else f"{name}.{i}", process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
+    """reducescatter of each tensor of a list. Differentiable."""
+    return [reducescatter(t, compression=compression, op=op, process_set=process_set,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor) for t in tensors]
+
+
+def _alltoall(tensor, splits, name, process_set):
+    """(output, received splits) of one alltoall (splits: a list, tensor or None for equal parts)."""
     n = _set_rank(process_set)[1]
 
     def run(a, s, op_name):
@@ -357,6 +391,25 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     return out, received
 
 
+@failures.raising
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Rows splits[r] of dim 0 go to rank r (equal parts when None). Returns the output alone, or
+    (output, received_splits) when `splits` is given, as horovod.tensorflow 0.28.1 does.
+    Differentiable: the gradient is the alltoall of the output's gradient back, by the received splits."""
+    tensor = tf.convert_to_tensor(tensor)
+    received = []
+
+    def forward(x):
+        out, got = _alltoall(x, splits, name, process_set)
+        received.append(got)
+        return out
+
+    def backward(dy):
+        return _alltoall(tf.convert_to_tensor(dy), received[0], None, process_set)[0]
+    out = _recorded(forward, backward, tensor)
+    return out if splits is None else (out, received[0])
+
+
 def join() -> int:
     """Stop contributing: until every rank has joined, this rank adds zeros to the others' allreduces.
     Returns the rank that joined last."""
@@ -370,6 +423,24 @@ def barrier(process_set=global_process_set) -> None:
 def size_op(process_set_id: int = 0, name=None):
     """The set's size as an int32 tensor (Horovod's size_op; evaluated now, a constant in graphs)."""
     return tf.constant(_set_size_by_id(process_set_id), dtype=tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id: int = 0, name=None):
+    """1 (int32) when this rank belongs to the set, else 0 (Horovod's; evaluated now, a constant in graphs)."""
+    for ps in state.process_sets():
+        if ps.process_set_id == process_set_id:
+            return tf.constant(int(process_set_id == 0 or ps.included()), dtype=tf.int32, name=name)
+    raise ValueError(f"no process set with id {process_set_id}")
+
+
+def ccl_built() -> bool:
+    """False: trainrun has no oneCCL backend."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: trainrun has no IBM DDL backend."""
+    return False
 
 
 def rank_op(name=None):

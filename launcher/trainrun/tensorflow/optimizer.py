@@ -13,6 +13,7 @@ import tensorflow as tf
 from trainrun.runtime.ops import Adasum, Average
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.tensorflow.compression import Compression
+from trainrun.tensorflow.mpi_ops import _set_rank
 from trainrun.tensorflow.reduce import grads_name, reduce_gradients
 
 
@@ -127,14 +128,35 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
 
 
 class _DistributedGradientTape:
-    """Mixed in before the user's tape class: gradient() reduces what the tape computed."""
+    """Mixed in before the user's tape class: gradient() reduces what the tape computed, except the
+    gradients of sources registered as local (register_local_source, PartialDistributedGradientTape),
+    which stay this rank's own (divided by the set size with scale_local_gradients, as Horovod)."""
 
+    def register_local_source(self, source) -> None:
+        """Keep `source`'s gradient on this rank (no collective for it)."""
+        self._trainrun_local.add(id(source))  # (Keras 3 variables have no .ref(); a registered source lives on)
+
+    @tf.autograph.experimental.do_not_convert  # plain Python over the sources (autograph breaks super())
     def gradient(self, target, sources, output_gradients=None, **kwargs):
-        grads = super().gradient(target, sources, output_gradients, **kwargs)
+        grads = super(_DistributedGradientTape, self).gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
-        reduced = reduce_gradients(tf.nest.flatten(grads), flat_sources,
-                                   name=grads_name("DistributedGradientTape", flat_sources), **self._trainrun)
-        return tf.nest.pack_sequence_as(grads, reduced)
+        flat_grads = tf.nest.flatten(grads)
+        local = self._trainrun_local
+        shared = [i for i, s in enumerate(flat_sources) if id(s) not in local]
+        reduced = reduce_gradients([flat_grads[i] for i in shared], [flat_sources[i] for i in shared],
+                                   name=grads_name("DistributedGradientTape", [flat_sources[i] for i in shared]),
+                                   **self._trainrun)
+        out = list(flat_grads)
+        for i, g in zip(shared, reduced):
+            out[i] = g
+        if local and self._trainrun_scale_local:
+            n = _set_rank(self._trainrun["process_set"])[1]
+            for i, s in enumerate(flat_sources):
+                g = out[i]
+                if id(s) in local and g is not None:
+                    out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape) \
+                        if isinstance(g, tf.IndexedSlices) else g / n
+        return tf.nest.pack_sequence_as(grads, out)
 
 
 _TAPE_CLASSES: dict = {}
@@ -154,4 +176,25 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
     tape.__dict__.update(gradtape.__dict__)  # the same recording (TF's tape object), persistence, ...
     tape._trainrun = dict(compression=compression, sparse_as_dense=sparse_as_dense, op=op,
                           gradient_predivide_factor=gradient_predivide_factor, process_set=process_set)
+    tape._trainrun_local, tape._trainrun_scale_local = set(), scale_local_gradients
+    return tape
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set, local_layers=None,
+                                   scale_local_gradients=True):
+    """DistributedGradientTape whose gradients of `local_layers`' trainable weights (a Keras layer or a
+    list of them) stay local, as Horovod's."""
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    if not all(hasattr(layer, "trainable_weights") for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+    for layer in local_layers:
+        for v in layer.trainable_weights:
+            tape.register_local_source(v)
     return tape

@@ -137,9 +137,9 @@ def gradients_eager_and_graph():
             out.append(tape.gradient(y, v))
         return out
     expected = [np.full((2, 3), 3.0),  # allreduce: the summed upstream gradient 1 + 2
-                np.full((2, 3), 3.0),  # allgather: this rank's rows of the summed gradient
-                np.full((2, 3), 3.0 if r == 0 else 0.0),  # broadcast: to the root only
-                np.full((2, 3), [[1.0] * 3, [2.0] * 3])]  # reducescatter: the gathered slice gradients
+                np.full((2, 3), 1.5),  # allgather: this rank's rows of the averaged gradient (Horovod's TF)
+                np.full((2, 3), 1.5 if r == 0 else 0.0),  # broadcast: to the root only
+                np.full((2, 3), [[2.0] * 3, [4.0] * 3])]  # reducescatter(Sum): the gathered slices, times size
     close(grads(), expected)
     close(tf.function(grads)(), expected)
 

@@ -57,13 +57,215 @@ def bad_arguments_raise_invalid_argument():
     expect(ValueError, lambda: hvd.alltoall(tf.ones([n + 1])), "divisible")  # eagerly also a ValueError
 
 
+# ---- 2. alltoall's return value ------------------------------------------------------------------
 @case
-def a_tensor_one_rank_never_submits_raises_failed_precondition():
-    """Rank 0 submits a tensor the others never do (they submit another): after the stall timeout,
-    FailedPreconditionError on every rank, eagerly and in tf.function."""
-    for mode, run in modes()[:2]:
-        name = f"only.{hvd.rank() == 0}.{mode}"
-        expect(tf.errors.FailedPreconditionError, lambda: run(lambda: hvd.allreduce(tf.ones([2]), name=name)), "only.")
+def alltoall_without_splits_returns_the_output_alone():
+    """Horovod 0.28.1: `alltoall(t)` is the output tensor; `(output, received_splits)` only with splits;
+    equal splits and empty tensors alike."""
+    r, n = hvd.rank(), hvd.size()
+    rows = np.arange(2 * n, dtype=np.float32).reshape(2 * n, 1) + 100 * r
+    expected = np.concatenate([(np.arange(2 * n, dtype=np.float32).reshape(2 * n, 1) + 100 * k)[2 * r:2 * r + 2]
+                               for k in range(n)])
+    for mode, run in modes():
+        out = run(lambda: hvd.alltoall(tf.constant(rows)))
+        assert not isinstance(out, (tuple, list)), (mode, type(out))
+        close(out, expected)
+        close(run(lambda: hvd.alltoall(tf.constant(rows)))[0], expected[0])  # indexing works
+        empty = run(lambda: hvd.alltoall(tf.zeros([0, 3])))
+        assert not isinstance(empty, (tuple, list)) and np.asarray(empty).shape == (0, 3), (mode, empty)
+        out, received = run(lambda: hvd.alltoall(tf.constant(rows), splits=[2] * n))
+        close(out, expected)
+        assert np.asarray(received).tolist() == [2] * n, (mode, received)
+        out, received = run(lambda: hvd.alltoall(tf.zeros([0, 3]), splits=[0] * n))
+        assert np.asarray(out).shape == (0, 3) and np.asarray(received).tolist() == [0] * n, (mode, out, received)
+
+
+# ---- 3. gradients, Horovod's TensorFlow convention ----------------------------------------------
+@case
+def gradients_follow_horovods_tensorflow_convention():
+    """All-ones upstream gradient: allgather's is [1, 1] per element on each rank (averaged, then this
+    rank's slice), broadcast's is 1 on the root and 0 elsewhere, reducescatter's is 1 (Average) or the
+    set size (Sum) per element, alltoall's is 1 per element (the gradient sent back). Against float64
+    NumPy references, eagerly, in tf.function and in a TF1 graph."""
+    r, n = hvd.rank(), hvd.size()
+    x0 = np.arange(2 * n * 2, dtype=np.float64).reshape(2 * n, 2) + r
+
+    def grads():
+        x = tf.constant(x0)
+        out = []
+        for op in (hvd.allgather, lambda t: hvd.broadcast(t, 0), lambda t: hvd.reducescatter(t),
+                   lambda t: hvd.reducescatter(t, op=hvd.Sum), hvd.alltoall,
+                   lambda t: hvd.alltoall(t, splits=[2 * n - n + 1] + [1] * (n - 1))[0]):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = tf.reduce_sum(op(x))
+            out.append(tape.gradient(y, x))
+        return out
+
+    def graph_grads():
+        x = tf.constant(x0)
+        return [tf.gradients(tf.reduce_sum(op(x)), x)[0] for op in
+                (hvd.allgather, lambda t: hvd.broadcast(t, 0), lambda t: hvd.reducescatter(t),
+                 lambda t: hvd.reducescatter(t, op=hvd.Sum), hvd.alltoall,
+                 lambda t: hvd.alltoall(t, splits=[2 * n - n + 1] + [1] * (n - 1))[0])]
+    ones = np.ones_like(x0)
+    expected = [ones, ones * (r == 0), ones, ones * n, ones, ones]
+    for mode, run in modes():
+        got = run(graph_grads if mode == "graph" else grads)
+        for what, g, e in zip(("allgather", "broadcast", "reducescatter", "reducescatter Sum", "alltoall",
+                               "alltoall splits"), got, expected):
+            assert g is not None, (mode, what)
+            try:
+                close(g, e)
+            except AssertionError as err:
+                raise AssertionError(f"{mode} {what}: {err}") from None
+
+
+# ---- 4. Horovod's public names -------------------------------------------------------------------
+# The public names of horovod.tensorflow, horovod.tensorflow.keras and horovod.keras 0.28.1, as their
+# __init__.py files define or import them (modules such as os/tf and Horovod's build helpers
+# check_extension/split_list left out).
+HOROVOD_TENSORFLOW = """
+    elastic Compression allgather_object broadcast_object broadcast_object_fn broadcast_variables allgather
+    grouped_allgather broadcast broadcast_ alltoall init shutdown is_initialized start_timeline stop_timeline size
+    local_size cross_size rank local_rank cross_rank is_homogeneous rank_op local_rank_op size_op local_size_op
+    process_set_included_op mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built
+    ccl_built cuda_built rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum
+    Adasum Min Max Product handle_average_backwards_compatibility check_num_rank_power_of_2 join
+    SyncBatchNormalization LocalGradientAggregationHelper support_non_legacy_keras_optimizers gpu_available
+    allreduce reducescatter grouped_allreduce grouped_reducescatter broadcast_global_variables
+    BroadcastGlobalVariablesHook DistributedOptimizer DistributedGradientTape PartialDistributedGradientTape
+""".split()
+HOROVOD_TENSORFLOW_KERAS = """
+    init shutdown is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank cross_rank
+    mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built
+    rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum Compression callbacks
+    elastic DistributedOptimizer PartialDistributedOptimizer broadcast_global_variables allreduce allgather
+    broadcast reducescatter load_model
+""".split()
+HOROVOD_KERAS = """
+    init shutdown is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank cross_rank
+    mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built
+    rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum Compression callbacks
+    elastic DistributedOptimizer broadcast_global_variables allreduce allgather broadcast reducescatter load_model
+"""
+HOROVOD_CALLBACKS = """
+    BroadcastGlobalVariablesCallback MetricAverageCallback LearningRateScheduleCallback LearningRateWarmupCallback
+""".split()
+
+
+@case
+def horovods_public_names_exist():
+    import trainrun.keras as hvd3
+    import trainrun.tensorflow.keras as hvdk
+    missing = [f"trainrun.tensorflow.{n}" for n in HOROVOD_TENSORFLOW if not hasattr(hvd, n)]
+    missing += [f"trainrun.tensorflow.keras.{n}" for n in HOROVOD_TENSORFLOW_KERAS if not hasattr(hvdk, n)]
+    missing += [f"trainrun.keras.{n}" for n in HOROVOD_KERAS.split() if not hasattr(hvd3, n)]
+    assert not missing, missing
+    missing += [f"{m.__name__}.callbacks.{n}" for m in (hvdk, hvd3) for n in HOROVOD_CALLBACKS
+                if not hasattr(m.callbacks, n)]
+    assert not missing, missing
+    assert hasattr(hvdk.elastic, "KerasState") and hasattr(hvd3.elastic, "KerasState")
+    assert hvd.ccl_built() is False and hvd.ddl_built() is False and hvdk.ccl_built() is False
+    expect(NotImplementedError, lambda: hvd.start_timeline("/tmp/x.json"), "TRAINRUN_TIMELINE")
+    assert int(hvd.process_set_included_op(0)) == 1
+    assert hvd.check_num_rank_power_of_2(4) and not hvd.check_num_rank_power_of_2(3)
+
+
+@case
+def broadcast_in_place_and_grouped_ops():
+    """hvd.broadcast_ assigns root's values in place and returns them; grouped_allgather and
+    grouped_reducescatter equal their ops one by one."""
+    r, n = hvd.rank(), hvd.size()
+    v = [tf.Variable(np.full(3, r, np.float32)), tf.Variable(np.full((2, 2), r * 10.0))]
+    out = hvd.broadcast_(v, root_rank=n - 1)
+    close(v[0], np.full(3, n - 1))
+    close(v[1], np.full((2, 2), (n - 1) * 10.0))
+    close(out[1], np.full((2, 2), (n - 1) * 10.0))
+    with tf.Graph().as_default():
+        gv = tf.compat.v1.Variable(np.full(2, r, np.float32))
+        read = hvd.broadcast_([gv], root_rank=0, name="graph_bcast")
+        with tf.compat.v1.Session() as sess:
+            sess.run(gv.initializer)
+            close(sess.run(read)[0], np.zeros(2))
+    for mode, run in modes():
+        g = run(lambda: hvd.grouped_allgather([tf.fill([r + 1], float(r)), tf.fill([1, 2], r)]))
+        close(g[0], np.concatenate([np.full(k + 1, k) for k in range(n)]))
+        close(g[1], np.concatenate([np.full((1, 2), k) for k in range(n)]))
+        rs = run(lambda: hvd.grouped_reducescatter([tf.ones([n, 2]) * (r + 1), tf.ones([2 * n]) * (r + 1)], op=hvd.Sum))
+        total = n * (n + 1) / 2
+        close(rs[0], np.full((1, 2), total))
+        close(rs[1], np.full(2, total))
+
+
+@case
+def partial_distributed_gradient_tape_keeps_local_layers_local():
+    """The local layer's gradient is this rank's own divided by the size; the others are averaged."""
+    r, n = hvd.rank(), hvd.size()
+    shared, local = tf.keras.layers.Dense(1, use_bias=False), tf.keras.layers.Dense(1, use_bias=False)
+    x = tf.constant([[float(r + 1)]])
+    shared(x), local(x)
+    with tf.GradientTape() as tape:
+        y = shared(x) + local(x)
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
+    gs, gl = tape.gradient(y, [shared.kernel, local.kernel])
+    close(gs, [[sum(k + 1 for k in range(n)) / n]])
+    close(gl, [[(r + 1) / n]])
+
+
+@case
+def sync_batch_normalization_uses_every_ranks_batch():
+    """In training, SyncBatchNormalization normalizes with the mean and variance of all ranks' batches."""
+    r, n = hvd.rank(), hvd.size()
+    rows = [np.arange(4, dtype=np.float32).reshape(2, 2) * (k + 1) + k for k in range(n)]
+    layer = hvd.SyncBatchNormalization(epsilon=0.0, center=False, scale=False)
+    out = layer(tf.constant(rows[r]), training=True)
+    every = np.concatenate(rows)
+    close(out, (rows[r] - every.mean(0)) / np.sqrt(every.var(0)), tol=1e-4)
+
+
+# ---- 5. tf.IndexedSlices in grouped_allreduce -------------------------------------------------------
+@case
+def indexed_slices_in_grouped_allreduce():
+    """IndexedSlices alone, mixed with dense tensors, with op=Average and Sum; an op they cannot take and
+    pre/postscale factors raise Horovod's NotImplementedError."""
+    r, n = hvd.rank(), hvd.size()
+
+    def sl():
+        return tf.IndexedSlices(tf.fill([1, 2], float(r + 1)), tf.constant([r]), dense_shape=tf.constant([n, 2]))
+    rows = np.repeat(np.arange(1, n + 1, dtype=np.float64)[:, None], 2, axis=1)
+    for mode, run in modes():
+        alone = run(lambda: [tf.convert_to_tensor(o) for o in hvd.grouped_allreduce([sl()])])
+        close(alone[0], rows / n)
+        mixed = run(lambda: [tf.convert_to_tensor(o) for o in
+                             hvd.grouped_allreduce([tf.ones([2]) * (r + 1), sl(), tf.ones([3])], op=hvd.Sum)])
+        close(mixed[0], np.full(2, n * (n + 1) / 2))
+        close(mixed[1], rows)
+        close(mixed[2], np.full(3, n))
+        average = run(lambda: [tf.convert_to_tensor(o) for o in
+                               hvd.grouped_allreduce([sl(), tf.ones([2]) * (r + 1)], op=hvd.Average)])
+        close(average[0], rows / n)
+        close(average[1], np.full(2, (n + 1) / 2))
+    expect(NotImplementedError, lambda: hvd.grouped_allreduce([sl(), tf.ones(2)], op=hvd.Max), "Only Sum and Average")
+    expect(NotImplementedError, lambda: hvd.allreduce(sl(), prescale_factor=0.5), "Pre/postscale_factor")
+    expect(NotImplementedError, lambda: hvd.grouped_allreduce([sl()], postscale_factor=2.0), "Pre/postscale_factor")
+
+
+# ---- 6. Keras ---------------------------------------------------------------------------------
+@case
+def learning_rate_schedule_callback_sets_the_rate_per_epoch():
+    """hvd.callbacks.LearningRateScheduleCallback: lr = initial_lr * multiplier(epoch) from start_epoch."""
+    import trainrun.tensorflow.keras as hvdk
+    keras = tf.keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0)), loss="mse")
+    seen = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: seen.append(float(np.asarray(model.optimizer.learning_rate))))
+    sched = hvdk.callbacks.LearningRateScheduleCallback(0.1, multiplier=lambda e: 0.5 ** e, start_epoch=1)
+    model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32), batch_size=2, epochs=3, verbose=0,
+              callbacks=[sched, record])
+    close(seen, [1.0, 0.05, 0.025])
 
 
 if __name__ == "__main__":

@@ -17,12 +17,13 @@ from trainrun._keras import tf_ops as _ops  # noqa: E402
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, init,  # noqa: E402
-                                    is_homogeneous, is_initialized, local_rank, local_size, process_sets,
-                                    rank, remove_process_set, shutdown, size)
+from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
+                                    gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
+                                    mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_sets, rank,
+                                    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 from trainrun.tensorflow.functions import (allgather_object, broadcast_object,  # noqa: E402
                                            broadcast_variables as _tf_broadcast_variables)
-from trainrun.tensorflow.mpi_ops import barrier, join  # noqa: E402
+from trainrun.tensorflow.mpi_ops import barrier, ccl_built, ddl_built, join  # noqa: E402
 from trainrun.tensorflow.compression import Compression  # noqa: E402
 from trainrun.tensorflow.keras import callbacks  # noqa: E402
 
@@ -39,6 +40,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     return _impl.create_distributed_optimizer(keras, _ops, optimizer, name, compression, sparse_as_dense,
                                               gradient_predivide_factor, op, backward_passes_per_step,
                                               average_aggregated_gradients, process_set)
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """Horovod's DistributedOptimizer that keeps `local_layers`' gradients local: not in trainrun yet."""
+    raise NotImplementedError("trainrun.tensorflow.keras.PartialDistributedOptimizer (variables that stay local) is "
+                              "not implemented yet; use hvd.PartialDistributedGradientTape in a custom training loop")
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
@@ -64,9 +75,10 @@ __all__ = [n for n in dir() if not n.startswith("_") and n not in ("os", "tf", "
 
 
 def __getattr__(name):
-    """`hvd.elastic` (trainrun.tensorflow.elastic) without importing it with every import of this module."""
+    """`hvd.elastic` (trainrun.tensorflow.keras.elastic: Horovod's KerasState and callbacks) without importing
+    it with every import of this module."""
     if name == "elastic":
         import importlib
 
-        return importlib.import_module("trainrun.tensorflow.elastic")
+        return importlib.import_module("trainrun.tensorflow.keras.elastic")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
