@@ -165,3 +165,31 @@ def test_bad_hostname_from_the_ssh_config_is_a_dns_failure(tmp_path):
     with pytest.raises(HostError) as err:
         connect("box", SSHOptions(ssh_config=str(config), known_hosts=str(tmp_path / "kh"), connect_timeout=2))
     assert str(err.value) == "box: dns: HostName 'a..b' is not a valid host name (fix the HostName in the ssh config)"
+
+
+@pytest.mark.parametrize("python, strict, code, said", [
+    (sys.executable, True, 0, None),
+    (os.path.basename(sys.executable), True, 0, None),   # a bare name (--python python3) is looked up on PATH
+    ("/no/such/python", False, 0, None),                 # not given with --python: python3 takes its place
+    ("/no/such/python", True, 127, "h2: python: --python /no/such/python: no such interpreter there (check the path given to --python)"),
+    ("/", True, 127, "h2: python: --python /: no such interpreter there (check the path given to --python)"),
+])
+def test_the_remote_interpreter_pick(python, strict, code, said):
+    """The shell line that starts `python -m MODULE` on a host, run here by sh as sshd would run it."""
+    from trainrun.fanout.ssh_engine import no_python_error, python_module_command
+
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
+    r = subprocess.run(["sh", "-c", python_module_command(python, "platform", strict=strict)], capture_output=True, text=True, env=env)
+    assert r.returncode == code, r.stderr
+    err = no_python_error("h2", r.stderr)
+    assert (str(err) if err else None) == said
+
+
+def test_no_python3_at_all_is_named(tmp_path):
+    """A PATH with sh and no python3. Before: `sh: 1: exec: python3: not found` from the shell."""
+    from trainrun.fanout.ssh_engine import no_python_error, python_module_command
+
+    (tmp_path / "sh").symlink_to("/bin/sh")
+    r = subprocess.run(["/bin/sh", "-c", python_module_command("/no/such/python", "platform")], capture_output=True, text=True,
+                       env={"PATH": str(tmp_path)})
+    assert r.returncode == 127 and str(no_python_error("h2", r.stderr)) == "h2: python: python3 not found (pass --python)"

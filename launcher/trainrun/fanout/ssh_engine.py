@@ -12,12 +12,14 @@ from trainrun.fanout import ssh
 from trainrun.plan.hosts import HostSpec
 
 
-# Picks the interpreter, then execs it: $1 (a file that can run), else python3 from PATH unless $2 is "strict"
-# (--python given: that path or nothing). When there is none it says so on stderr's first line, NO_PYTHON and
-# the name, and exits 127 (rather than the shell's "exec: python3: not found" or "Permission denied").
+# Picks the interpreter, then execs it: $1 (a path, or a bare name looked up on PATH) when it is a file that can
+# run, else python3 from PATH unless $2 is "strict" (--python given: that one or nothing). When there is none it
+# says so on stderr's first line, NO_PYTHON and the name, and exits 127 (rather than the shell's
+# "exec: python3: not found" or "Permission denied").
 NO_PYTHON = "trainrun-no-python:"
-_PICK = ('p=$1; s=$2; shift 2; if [ ! -f "$p" ] || [ ! -x "$p" ]; then '
-         f'if [ "$s" = strict ]; then echo "{NO_PYTHON} $p" >&2; exit 127; fi; '
+_PICK = ('g=$1; s=$2; shift 2; p=$g; case $p in */*) ;; *) p=$(command -v "$p") || p=$g ;; esac; '
+         'if [ ! -f "$p" ] || [ ! -x "$p" ]; then '
+         f'if [ "$s" = strict ]; then echo "{NO_PYTHON} $g" >&2; exit 127; fi; '
          f'p=$(command -v python3) && [ -f "$p" ] && [ -x "$p" ] || {{ echo "{NO_PYTHON} python3" >&2; exit 127; }}; '
          'fi; exec "$p" -m "$@"')
 
