@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Launch overhead: `trainrun -np 2 python -c pass` vs MPICH's `mpiexec -n 2` vs `torchrun --nproc-per-node 2`.
+"""Launch overhead: `trainrun -np 2 python -c pass` (and `horovodrun` the same: trainrun's horovodrun command) vs
+MPICH's `mpiexec -n 2` vs `torchrun --nproc-per-node 2`.
 
 Each round runs every launcher once, in an order rotated from round to round (so drift on a shared box
 hits all of them alike); the table gives medians, minima and the ratio of medians to mpiexec's. The
@@ -32,6 +33,7 @@ from bench_common import versions as _versions
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TARGET_RATIO = 3.0
+HOROVODRUN = "horovodrun -np 2 python -c pass (trainrun's)"
 
 
 def tool(name: str) -> str | None:
@@ -42,10 +44,12 @@ def tool(name: str) -> str | None:
 def commands(tiny_script: str) -> dict[str, list[str]]:
     py = sys.executable
     out: dict[str, list[str]] = {"python -c pass (1 process, no launcher)": [py, "-c", "pass"]}
-    mpiexec, trainrun, torchrun = tool("mpiexec"), tool("trainrun"), tool("torchrun")
+    mpiexec, trainrun, torchrun, horovodrun = tool("mpiexec"), tool("trainrun"), tool("torchrun"), tool("horovodrun")
     if mpiexec:
         out["mpiexec -n 2 python -c pass"] = [mpiexec, "-n", "2", py, "-c", "pass"]
     out["trainrun -np 2 python -c pass"] = ([trainrun] if trainrun else [py, "-m", "trainrun"]) + ["-np", "2", py, "-c", "pass"]
+    # horovodrun's translation runs in the launcher's own process: this row is trainrun's plus argparse's
+    out[HOROVODRUN] = ([horovodrun] if horovodrun else [py, "-m", "trainrun.horovodrun"]) + ["-np", "2", py, "-c", "pass"]
     if torchrun:
         # --standalone: a free port of its own, so runs on a shared box do not collide on 29500
         out["torchrun --standalone --nproc-per-node 2 tiny.py"] = [torchrun, "--standalone", "--nproc-per-node", "2", tiny_script]
@@ -140,6 +144,8 @@ def main() -> int:
             # this tree's trainrun the same way, so the two differ only in the code
             cmds["trainrun -np 2 python -c pass"] = [sys.executable, "-m", "trainrun", "-np", "2", sys.executable, "-c", "pass"]
             extra["trainrun -np 2 python -c pass"] = {"PYTHONPATH": str(REPO / "launcher")}
+            cmds[HOROVODRUN] = [sys.executable, "-m", "trainrun.horovodrun", "-np", "2", sys.executable, "-c", "pass"]
+            extra[HOROVODRUN] = {"PYTHONPATH": str(REPO / "launcher")}
         for name in ("mpiexec", "torchrun"):
             if not any(k.startswith(name) for k in cmds):
                 print(f"bench_launch: no {name} found; skipping it", file=sys.stderr)
