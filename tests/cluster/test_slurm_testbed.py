@@ -199,8 +199,10 @@ def test_srun_mpi_pmi2_gives_the_mpich_wheel_one_world(slurm, alloc, tmp_path):
     prog = tmp_path / "world.py"
     prog.write_text("import socket\nfrom mpi4py import MPI\nc = MPI.COMM_WORLD\n"
                     "print(socket.gethostname(), c.Get_rank(), c.Get_size(), c.allreduce(c.Get_rank()))\n")
+    # UCX_NET_DEVICES: each simulated host has its own IPC namespace, so UCX connects them over TCP, and with
+    # every NIC allowed it tries the docker0 decoy (one address on every host) and fails, as on real hosts
     p = slurm.run(1, ["srun", "--overlap", "-N3", "--ntasks-per-node=1", "--mpi=pmi2", sys.executable, prog],
-                  env={"SLURM_JOB_ID": job}, timeout=60)
+                  env={"SLURM_JOB_ID": job, "UCX_NET_DEVICES": "eth1"}, timeout=60)
     assert p.returncode == 0, p.stderr
     assert sorted(p.stdout.splitlines()) == ["h1 0 3 3", "h2 1 3 3", "h3 2 3 3"]
     plugins = slurm.run(1, ["srun", "--mpi=list"]).stdout + slurm.run(1, ["srun", "--mpi=list"]).stderr
