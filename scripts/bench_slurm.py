@@ -39,7 +39,9 @@ def inside(rounds: int, ssh_config: str) -> dict:
         "launch: srun -N3 python -c pass": ["srun", "-N3", *program(None)],
         "launch: trainrun via srun, python -c pass": [*tr, "--mpi", "none", *program(None)],
         "launch: trainrun via SSH, python -c pass": [*tr, *ssh, "--mpi", "none", *program(None)],
-        "ready world: srun --mpi=pmi2 -N3": ["srun", "--mpi=pmi2", "-N3", *program(HOSTS)],
+        # the NICs trainrun picks: the hosts share no memory, and UCX with every NIC allowed fails on docker0
+        "ready world: srun --mpi=pmi2 -N3": ["srun", "--mpi=pmi2", "-N3", "env", "UCX_NET_DEVICES=eth0,eth1",
+                                             *program(HOSTS)],
         "ready world: trainrun via srun": [*tr, *program(HOSTS)],
         "ready world: trainrun via SSH": [*tr, *ssh, *program(HOSTS)],
     }
