@@ -44,11 +44,8 @@ DONE = [
     (["--prefix-output-with-timestamp"], ["--prefix", "mpi-timestamp"]),
     (["-prefix-timestamp"], ["--prefix", "mpi-timestamp"]),
     (["--fusion-threshold-mb", "32"], ["-x", "HOROVOD_FUSION_THRESHOLD=33554432"]),
-    (["--cycle-time-ms", "3.5"], ["-x", "HOROVOD_CYCLE_TIME=3.5"]),
     (["--cache-capacity", "0"], ["-x", "HOROVOD_CACHE_CAPACITY=0"]),
     (["--timeline-filename", "t.json"], ["-x", "HOROVOD_TIMELINE=t.json"]),
-    (["--timeline-filename", "t.json", "--timeline-mark-cycles"], ["-x", "HOROVOD_TIMELINE_MARK_CYCLES=1"]),
-    (["--timeline-filename", "t.json", "--no-timeline-mark-cycles"], ["-x", "HOROVOD_TIMELINE_MARK_CYCLES=0"]),
     (["--no-stall-check"], ["-x", "HOROVOD_STALL_CHECK_DISABLE=1"]),
     (["--stall-check"], ["-x", "HOROVOD_STALL_CHECK_DISABLE=0"]),
     (["--stall-check-warning-time-seconds", "10"], ["-x", "HOROVOD_STALL_CHECK_TIME_SECONDS=10"]),
@@ -79,11 +76,14 @@ def test_done(opts, expect):
 # (horovodrun options, a fragment of the one note it must print)
 NOTED = [
     (["--gloo"], "--gloo: the ranks run in trainrun's MPI world"),
-    (["--hierarchical-allreduce"], "--hierarchical-allreduce has no effect: MPICH"),
+    (["--cycle-time-ms", "3.5"], "--cycle-time-ms has no effect: trainrun has no fixed cycle"),
+    (["--timeline-filename", "t.json", "--timeline-mark-cycles"], "--timeline-mark-cycles has no effect"),
+    (["--timeline-filename", "t.json", "--no-timeline-mark-cycles"], "--timeline-mark-cycles has no effect"),
+    (["--hierarchical-allreduce"], "--hierarchical-allreduce has no effect: no two-level allreduce"),
     (["--no-hierarchical-allreduce"], "--hierarchical-allreduce has no effect"),
-    (["--hierarchical-allgather"], "--hierarchical-allgather has no effect: MPICH"),
+    (["--hierarchical-allgather"], "--hierarchical-allgather has no effect: no two-level allgather"),
     (["--no-hierarchical-allgather"], "--hierarchical-allgather has no effect"),
-    (["--autotune"], "--autotune has no effect: trainrun has no autotuner"),
+    (["--autotune"], "--autotune has no effect: no autotuner"),
     (["--no-autotune"], "--autotune has no effect"),
     (["--autotune-log-file", "a.csv"], "--autotune-log-file has no effect"),
     (["--autotune-warmup-samples", "3"], "--autotune-warmup-samples has no effect"),
@@ -94,7 +94,7 @@ NOTED = [
     (["--no-mpi-threads-disable"], "--mpi-threads-disable has no effect"),
     (["--num-nccl-streams", "2"], "--num-nccl-streams has no effect"),
     (["--thread-affinity", "1"], "--thread-affinity has no effect"),
-    (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds has no effect: there is no Gloo"),
+    (["--gloo-timeout-seconds", "30"], "--gloo-timeout-seconds has no effect: no Gloo"),
     (["--log-with-timestamp"], "--log-with-timestamp has no effect"),
     (["--log-without-timestamp"], "--log-with-timestamp has no effect"),
     (["--log-hide-timestamp"], "--log-with-timestamp has no effect"),
@@ -118,13 +118,24 @@ def test_noted(opts, note):
     assert len(t.notes) == 1 and note in t.notes[0] and "\n" not in t.notes[0], t.notes
 
 
-def test_noted_options_still_set_horovods_variables():
-    """Horovod's environment stays as horovodrun makes it (a program may read it); only the note is added."""
+def test_noted_options_set_no_variable():
+    """A noted option's HOROVOD_* variable is not set: the note is said once, by horovodrun, not again by rank 0."""
     t = run("--hierarchical-allreduce", "--autotune", "--autotune-log-file", "a.csv", "--thread-affinity", "1",
-            "--log-without-timestamp")
-    assert t.env == {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "a.csv",
-                     "HOROVOD_THREAD_AFFINITY": "1", "HOROVOD_LOG_HIDE_TIME": "1"}
-    assert len(t.notes) == 5
+            "--log-without-timestamp", "--cycle-time-ms", "2", "--fusion-threshold-mb", "8")
+    assert t.env == {"HOROVOD_FUSION_THRESHOLD": str(8 << 20)}
+    assert len(t.notes) == 6 and not any("HOROVOD_CYCLE_TIME" in a for a in t.argv)
+
+
+def test_noted_exactly_where_the_runtime_has_no_mechanism():
+    """The translator's verdicts agree with the runtime's own (runtime/horovod_env.py): an option is noted
+    iff the runtime would call its variable one with no effect."""
+    from trainrun.runtime import horovod_env
+    from trainrun.horovodrun.translate import NO_MECHANISM, OPTION_VARS
+
+    for dest, var in OPTION_VARS.items():
+        runtime_says_no = var not in horovod_env.READ and (
+            var in horovod_env.NO_EFFECT or any(p.endswith("_") and var.startswith(p) for p in horovod_env.NO_EFFECT))
+        assert (dest in NO_MECHANISM) == runtime_says_no, (dest, var)
 
 
 def test_gloo_prints_horovods_gloo_prefix():
@@ -181,16 +192,17 @@ stall_check: {enabled: false, warning_time_seconds: 30, shutdown_time_seconds: 9
 library_options: {num_nccl_streams: 2, gloo_timeout_seconds: 40, mpi_threads_disable: false, thread_affinity: 0}
 logging: {level: info, with_timestamp: true}
 """)
-    t = run("--config-file", str(cfg), "--cycle-time-ms", "7")
+    t = run("--config-file", str(cfg), "--cache-capacity", "7")
     assert t.env == {
-        "HOROVOD_FUSION_THRESHOLD": str(16 << 20), "HOROVOD_CYCLE_TIME": "7.0", "HOROVOD_CACHE_CAPACITY": "512",
-        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "5",
-        "HOROVOD_TIMELINE": "tl.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1", "HOROVOD_STALL_CHECK_DISABLE": "1",
+        "HOROVOD_FUSION_THRESHOLD": str(16 << 20), "HOROVOD_CACHE_CAPACITY": "7",
+        "HOROVOD_TIMELINE": "tl.json", "HOROVOD_STALL_CHECK_DISABLE": "1",
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90",
-        "HOROVOD_MPI_THREADS_DISABLE": "0", "HOROVOD_NUM_NCCL_STREAMS": "2", "HOROVOD_THREAD_AFFINITY": "0",
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": "40", "HOROVOD_LOG_LEVEL": "INFO", "HOROVOD_LOG_HIDE_TIME": "0"}
+        "HOROVOD_LOG_LEVEL": "INFO"}
+    noted = {n.split(" ", 1)[0] for n in t.notes}
+    assert noted == {"--gloo:", "--cycle-time-ms", "--hierarchical-allreduce", "--autotune", "--autotune-warmup-samples",
+                     "--timeline-mark-cycles", "--mpi-threads-disable", "--num-nccl-streams", "--thread-affinity",
+                     "--gloo-timeout-seconds", "--log-with-timestamp"}
     assert has(t.argv, "--prefix", "rank")  # controller: gloo
-    assert any(n.startswith("--gloo") for n in t.notes)
 
 
 def test_config_file_unknown_key_is_noted_and_bad_value_refused(tmp_path):

@@ -2,8 +2,9 @@
 
 Every horovodrun 0.28.1 option ends in one of three ways:
   done     translated to trainrun's own option, or to the HOROVOD_* variable horovodrun would set for
-           the ranks (`-x NAME=VALUE`; the runtime reads them);
-  noted    accepted, with ONE line saying why it has no effect here (`notes`; printed before the launch);
+           the ranks (`-x NAME=VALUE`) where the runtime reads it (runtime/horovod_env.py);
+  noted    accepted, with ONE line saying why it has no effect here (`notes`; printed before the launch;
+           its variable is not set, so rank 0 does not say it again);
   refused  UsageError naming the trainrun way (exit 2).
 README "horovodrun" has the table; tests/unit/test_horovodrun_translate.py has a case per option.
 """
@@ -17,28 +18,34 @@ from trainrun.horovodrun.options import build_parser
 
 HOROVOD_API_VERSION = "0.28.1"  # the horovodrun whose command line this one accepts
 
-# option dest -> (HOROVOD_* variable, honoured by trainrun's runtime?, why not when it is not)
+# Options whose HOROVOD_* variable the runtime has no mechanism for, and why (the same verdicts as
+# runtime/horovod_env.NO_EFFECT, which a unit test holds this table to; that module is not imported here:
+# it pulls in the runtime and NumPy). Such an option is noted and its variable not set, so the note is said
+# once, here, and not again by rank 0 at init.
+_NO_CYCLE = "trainrun has no fixed cycle: ranks run a round as soon as an op is ready"
 NO_MECHANISM = {
-    "hierarchical_allreduce": "MPICH chooses its allreduce algorithm itself (by size and topology)",
-    "hierarchical_allgather": "MPICH chooses its allgather algorithm itself (by size and topology)",
-    "autotune": "trainrun has no autotuner; set --fusion-threshold-mb and --cycle-time-ms instead",
-    "autotune_log_file": "trainrun has no autotuner",
-    "autotune_warmup_samples": "trainrun has no autotuner",
-    "autotune_steps_per_sample": "trainrun has no autotuner",
-    "autotune_bayes_opt_max_samples": "trainrun has no autotuner",
-    "autotune_gaussian_process_noise": "trainrun has no autotuner",
-    "mpi_threads_disable": "trainrun's runtime chooses MPI's thread level itself",
-    "num_nccl_streams": "trainrun's NCCL backend uses one stream per rank",
-    "thread_affinity": "trainrun does not pin its background thread (--binding-args='--bind-to core' pins the ranks)",
-    "gloo_timeout_seconds": "there is no Gloo here: the ranks run in trainrun's MPI world",
-    "log_with_timestamp": "trainrun's runtime log format is fixed",
+    "cycle_time_ms": _NO_CYCLE,
+    "timeline_mark_cycles": _NO_CYCLE + " (no cycles to mark)",
+    "hierarchical_allreduce": "no two-level allreduce here; MPI's allreduce picks its own algorithm",
+    "hierarchical_allgather": "no two-level allgather here; MPI's allgather picks its own algorithm",
+    "autotune": "no autotuner; set --fusion-threshold-mb yourself",
+    "autotune_log_file": "no autotuner",
+    "autotune_warmup_samples": "no autotuner",
+    "autotune_steps_per_sample": "no autotuner",
+    "autotune_bayes_opt_max_samples": "no autotuner",
+    "autotune_gaussian_process_noise": "no autotuner",
+    "mpi_threads_disable": "the runtime needs MPI_THREAD_SERIALIZED or more (mpi4py's default is MULTIPLE)",
+    "num_nccl_streams": "trainrun uses one NCCL stream per rank",
+    "thread_affinity": "no background-thread pinning; --binding-args='--bind-to core' pins the ranks",
+    "gloo_timeout_seconds": "no Gloo: ranks join one MPI world (see --start-timeout)",
+    "log_with_timestamp": "runtime lines carry no time; --prefix-output-with-timestamp stamps every line",
 }
 
 
 @dataclass(frozen=True)
 class Translation:
     """What horovodrun does: `action` run (trainrun `argv`), help, version or check-build. `notes`: one
-    line per option accepted with no effect. `slots_per_host`: the discovery script's hosts that print
+    line per option accepted with no effect (its HOROVOD_* variable is not set). `slots_per_host`: the discovery script's hosts that print
     no slots get this many (main wraps the script; trainrun's default is 1)."""
 
     action: str = "run"
@@ -53,6 +60,24 @@ class Translation:
         i = argv.index("--host-discovery-script")
         argv[i + 1] = path
         return Translation(self.action, tuple(argv), self.notes, self.slots_per_host, self.env)
+
+
+# option dest -> the HOROVOD_* variable horovodrun sets from it
+OPTION_VARS = {
+    "fusion_threshold_mb": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME",
+    "cache_capacity": "HOROVOD_CACHE_CAPACITY", "hierarchical_allreduce": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "hierarchical_allgather": "HOROVOD_HIERARCHICAL_ALLGATHER", "autotune": "HOROVOD_AUTOTUNE",
+    "autotune_log_file": "HOROVOD_AUTOTUNE_LOG", "autotune_warmup_samples": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+    "autotune_steps_per_sample": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+    "autotune_bayes_opt_max_samples": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+    "autotune_gaussian_process_noise": "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+    "timeline_filename": "HOROVOD_TIMELINE", "timeline_mark_cycles": "HOROVOD_TIMELINE_MARK_CYCLES",
+    "no_stall_check": "HOROVOD_STALL_CHECK_DISABLE", "stall_check_warning_time_seconds": "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "stall_check_shutdown_time_seconds": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "mpi_threads_disable": "HOROVOD_MPI_THREADS_DISABLE", "num_nccl_streams": "HOROVOD_NUM_NCCL_STREAMS",
+    "thread_affinity": "HOROVOD_THREAD_AFFINITY", "gloo_timeout_seconds": "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "log_level": "HOROVOD_LOG_LEVEL", "log_with_timestamp": "HOROVOD_LOG_HIDE_TIME",
+}
 
 
 def horovod_env(ns) -> dict[str, str]:
@@ -211,6 +236,9 @@ def translate(argv: list[str], environ) -> Translation:
     for dest, why in NO_MECHANISM.items():
         if getattr(ns, dest) is not None:
             notes.append(f"--{dest.replace('_', '-')} has no effect: {why}")
+            env.pop(OPTION_VARS[dest], None)
+    if "HOROVOD_AUTOTUNE" not in env:
+        env = {k: v for k, v in env.items() if not k.startswith("HOROVOD_AUTOTUNE_")}
     for name, value in env.items():
         out += ["-x", f"{name}={value}"]
     return Translation("run", tuple(out + ["--"] + command), tuple(notes), slots, env)
