@@ -1,0 +1,193 @@
+"""Nothing of a job is left on any host (issue 25, items 2 and 3), on the simulated hosts.
+
+- Processes that drop the job's environment (`env -i setsid` sleepers, double-forked daemons with an empty
+  environment) end with the job on this machine and on every remote host, after success, failure and a
+  SIGKILLed launcher: the launcher and every agent are child subreapers and kill the trees below them.
+- A lost host is cleaned up: an agent SIGSTOPped on one host is killed with its ranks over a fresh SSH
+  connection; a host cut off from the network (its eth0 down, so no fresh connection either) is named as
+  unreachable, and its agent ends its ranks within the bound the message gives.
+All simulated hosts share one PID namespace, so the job's processes are found by a token in their argv.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trainrun.run.watchdog import POLL_S
+
+ESCAPEES = str(Path(__file__).parents[1] / "process" / "workers" / "escapees.py")
+TEARDOWN_S = 10.0  # generous upper bound for "quickly" on a busy 2-core box
+
+
+def argv(cluster, *args):
+    return [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config), *map(str, args)]
+
+
+def procs_with(token: str) -> list[int]:
+    """Live (not zombie) processes anywhere on the machine whose command line contains `token`."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                hit = token.encode() in f.read()
+            with open(f"/proc/{name}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] in "ZX"
+        except (OSError, IndexError):
+            continue
+        if hit and not zombie:
+            out.append(int(name))
+    return out
+
+
+def on_host(cluster, i: int, pids) -> list[int]:
+    """Those of `pids` that run inside simulated host i (its UTS namespace)."""
+    uts = os.readlink(f"/proc/{cluster.holder_pid(i)}/ns/uts")
+    out = []
+    for pid in pids:
+        try:
+            if os.readlink(f"/proc/{pid}/ns/uts") == uts:
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def wait_none(token: str, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := procs_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def kill_all(token: str) -> None:
+    for pid in procs_with(token):
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def wait_up(proc: subprocess.Popen, n: int) -> None:
+    for _ in range(n):
+        line = proc.stdout.readline()
+        assert line.endswith(b"up 2\n"), line + proc.stderr.read()
+
+
+@pytest.mark.parametrize("end", ["ok", "fail", "launcher-sigkill"])
+def test_no_process_of_the_job_survives_on_any_host(cluster, tmp_path, end):
+    """2 ranks on h1, 1 here, 1 on h2, each leaving an `env -i setsid` sleeper and a double-forked
+    empty-environment daemon: zero processes with the job's token anywhere once the launcher has ended."""
+    token = f"esc{uuid.uuid4().hex[:8]}"
+    mode = "sleep" if end == "launcher-sigkill" else end
+    proc = subprocess.Popen(argv(cluster, "-H", "h1:2,localhost:1,h2:1", sys.executable, ESCAPEES, token, mode),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    try:
+        if end == "launcher-sigkill":
+            wait_up(proc, 4)
+            running = procs_with(token)
+            assert len(running) >= 12, running  # 4 ranks, 2 escapees each
+            assert on_host(cluster, 1, running) and on_host(cluster, 2, running)
+            time.sleep(2 * POLL_S)  # the local watchdog sees an adopted orphan within POLL_S (its documented limit)
+            proc.kill()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == {"ok": 0, "fail": 3, "launcher-sigkill": -9}[end], err.decode()
+        left = wait_none(token, TEARDOWN_S)
+        assert left == [], f"left after the job ({end}): {left}"
+    finally:
+        proc.kill()
+        proc.communicate()
+        kill_all(token)
+
+
+def the_agent_on(cluster, i: int) -> tuple[int, list[int]]:
+    """The pid of the trainrun agent on host i, and of its watchdog (a fork with the same command line)."""
+    agents = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if b"trainrun.agent" in f.read():
+                    agents.append(int(name))
+        except (OSError, ValueError):
+            pass
+    here = on_host(cluster, i, agents)
+    parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in here}
+    top = [pid for pid in here if parents[pid] not in here]
+    assert len(top) == 1, (here, parents)
+    return top[0], [pid for pid in here if parents[pid] == top[0]]
+
+
+def test_a_stopped_agent_is_killed_with_its_ranks_over_a_fresh_connection(cluster, tmp_path):
+    """Agent SIGSTOPped on h2, and its watchdog too (so that only the launcher can act; the watchdog alone is
+    tested in tests/process/test_agent.py): exit 255, the summary says h2 was cleaned up over a new
+    connection, and within seconds no process of the job is left on h2 (the agent included)."""
+    token = f"stop{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(argv(cluster, "--heartbeat-timeout", 3, "-H", "h1:1,h2:2", sys.executable, ESCAPEES, token,
+                                 "sleep"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    agent, watchdog = None, []
+    try:
+        wait_up(proc, 3)
+        assert len(on_host(cluster, 2, procs_with(token))) == 6  # 2 ranks, 2 escapees each
+        agent, watchdog = the_agent_on(cluster, 2)
+        assert len(watchdog) == 1
+        for pid in (*watchdog, agent):
+            os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 255, err.decode()
+        assert "no word from the agent on h2" in err.decode()
+        assert "h2: killed its agent and its 2 rank(s) over a new connection" in err.decode()
+        assert "stopped all 3 rank(s)" in err.decode()
+        left = wait_none(token, 5.0)
+        assert left == [], f"left after the host was lost: {left}"
+        for pid in (agent, *watchdog):
+            assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        proc.kill()
+        proc.communicate()
+        if agent is not None:
+            for pid in (agent, *watchdog):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        kill_all(token)
+
+
+def test_a_host_cut_off_is_named_and_its_ranks_end_within_the_bound(cluster, tmp_path):
+    """h3's eth0 (the launcher's route to it) goes down mid-job: exit 255; the summary says h3 could not be
+    reached, that its 2 ranks may still run and within how many seconds its agent ends them; they do."""
+    token = f"cut{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(argv(cluster, "--heartbeat-timeout", 3, "--ssh-timeout", 3, "-H", "h1:1,h3:2",
+                                 sys.executable, ESCAPEES, token, "sleep"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    cut = False
+    try:
+        wait_up(proc, 3)
+        assert len(on_host(cluster, 3, procs_with(token))) == 6
+        assert cluster.run(3, ["ip", "link", "set", "eth0", "down"]).returncode == 0
+        cut, t_cut = True, time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        text = err.decode()
+        assert proc.returncode == 255, text
+        assert "no word from the agent on h3" in text
+        assert "h3 unreachable (tcp: connection to 10.241.0.4:22 timed out): its 2 rank(s) may still run; " \
+               "the agent there ends them within " in text, text
+        assert "stopped 1 of 3 rank(s)" in text
+        bound = int(text.split("the agent there ends them within ", 1)[1].split("s", 1)[0])
+        left_at = time.monotonic()
+        left = wait_none(token, bound + 3.0)  # the bound, and a little for this test to look
+        assert left == [], f"h3's ranks still ran {time.monotonic() - left_at:.1f}s after the launcher's report: {left}"
+        print(f"cut -> ranks gone: {time.monotonic() - t_cut:.1f}s")
+    finally:
+        if cut:
+            cluster.run(3, ["ip", "link", "set", "eth0", "up"])
+        proc.kill()
+        proc.communicate()
+        kill_all(token)
