@@ -14,6 +14,7 @@ import pytest
 from tests.elastic.harness import LiveRun, leftover_segments, wait_gone
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(600)  # each attempt starts 2-3 ranks that import torch on 2 shared cores
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "elastic_torch.py"
 PIPE = [sys.executable, str(Path(__file__).parent / "pipe_trainrun.py")]
