@@ -12,7 +12,7 @@ Local: 2 ranks, `trainrun -np 2` vs `mpiexec -n 2` (target: trainrun <= 1.5x mpi
 that initialises MPI alone (singleton) as the floor. Hosts: the testbed's first 4 hosts (scripts/testbed.py,
 lock held for the whole run, brought down at the end whatever happens), 1 and 2 ranks per host,
 `trainrun --hostfile` (NIC choice cached by a warm-up run) vs `mpiexec -launcher ssh` (ssh -F <testbed
-ssh_config> as -launcher-exec, -iface trt-root). Within each part every command runs once per round, in an
+ssh_config> as -launcher-exec, -iface trt-root, -genv UCX_NET_DEVICES eth0,eth1: the NICs trainrun picks). Within each part every command runs once per round, in an
 order rotated from round to round, after one untimed warm-up run each.
 """
 from __future__ import annotations
@@ -41,6 +41,9 @@ from bench_common import (
 
 HOSTS = 4
 TARGET_RATIO = 1.5
+# mpiexec gets the NICs trainrun's probe picks on the testbed: UCX with every NIC allowed tries the hosts'
+# docker0 decoy (one address everywhere) and MPI_Init fails, now that the hosts share no memory
+NICS = "eth0,eth1"
 
 
 def program(size: int) -> list[str]:
@@ -69,7 +72,7 @@ def host_commands(tb, tmp: Path) -> dict[str, list[str]]:
         if mpiexec:
             cmds[f"mpiexec -launcher ssh, {HOSTS} hosts x {ppn}"] = [
                 mpiexec, "-launcher", "ssh", "-launcher-exec", wrapper, "-iface", testbed.ROOT_LINK,
-                "-f", files[HOSTS, ppn][1], "-n", str(n), *program(n)]
+                "-f", files[HOSTS, ppn][1], "-n", str(n), "-genv", "UCX_NET_DEVICES", NICS, *program(n)]
         cmds[f"trainrun, {HOSTS} hosts x {ppn}"] = trainrun_argv() + [
             "-np", str(n), "--hostfile", files[HOSTS, ppn][0], "--ssh-config", str(tb.ssh_config), *program(n)]
     return cmds
@@ -103,7 +106,8 @@ def table(local: tuple[dict, dict], hosts: tuple[dict, dict] | None, args, heade
             lines += ["", f"## {HOSTS} simulated hosts, {ppn} rank(s) per host ({args.host_rounds} rounds; "
                       "trainrun with the NIC choice cached)", "", *head, *rows(*part)]
         lines += ["", "Simulated hosts are network namespaces with their own sshd on this one machine: every host "
-                  "shares its cores, and MPICH moves data through shared memory between them."]
+                  "shares its cores, but not its shared memory (each has its own IPC namespace and /dev/shm), so "
+                  "MPICH (UCX) connects the hosts over TCP on their NICs, as it would connect machines."]
     return "\n".join(lines) + "\n"
 
 
