@@ -20,8 +20,9 @@ import tempfile
 import threading
 from dataclasses import replace
 
-from trainrun.errors import TrainrunError, UsageError
-from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, Collector, RankFailure, call_env, private_file
+from trainrun.errors import UsageError
+from trainrun.runfunc.errors import RankError, RunError
+from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, Collector, call_env, private_file
 
 # trainrun options run() decides itself or that make no sense for a function call
 NOT_FOR_RUN = {"prefix": "the outcome lines need the rank prefix", "fold": "the outcome lines need every rank's output",
@@ -29,24 +30,6 @@ NOT_FOR_RUN = {"prefix": "the outcome lines need the rank prefix", "fold": "the 
                "perf": "use trainrun --check --perf", "perf_strict": "use trainrun --check --perf",
                "perf_time": "use trainrun --check --perf", "dry_run": "use trainrun --dry-run",
                "json": "use trainrun --dry-run --json"}
-
-
-class RankError(TrainrunError):
-    """A rank's function raised. `rank`, `host`, `traceback` (the rank's own text), `exception` (the
-    exception object, when it could be pickled back; else None); `failures`: every rank's that raised."""
-
-    def __init__(self, failure: RankFailure, failures: list[RankFailure]):
-        self.rank, self.host, self.traceback = failure.rank, failure.host, failure.traceback
-        self.exception, self.failures = failure.exception, failures
-        others = [f.rank for f in failures if f.rank != failure.rank]
-        more = f" (rank(s) {', '.join(map(str, others))} raised too)" if others else ""
-        super().__init__(f"rank {failure.rank} on {failure.host} raised {failure.type_name}: {failure.message}{more}\n"
-                         f"--- rank {failure.rank}'s traceback ---\n{failure.traceback.rstrip()}")
-
-
-class RunError(TrainrunError):
-    """The job ended without every rank's return value (a rank killed or exited, a host lost, a start-up
-    failure): the launcher's exit code and its last lines."""
 
 
 def _option_argv(options: dict) -> list[str]:
