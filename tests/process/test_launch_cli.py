@@ -388,3 +388,10 @@ def test_sigint_stops_planning_when_started_with_sigint_ignored(tmp_path):
         proc.wait()
         pytest.fail("SIGINT did not stop trainrun while it planned")
     assert rc == 130 and b"Traceback" not in proc.stderr.read()
+
+
+def test_check_finds_a_missing_workdir_here(run_trainrun, tmp_path):
+    """Before: --check passed and the launch then failed on every rank with 127."""
+    run = run_trainrun("-np", 2, "--workdir", tmp_path / "gone", "--check")
+    assert run.rc == 4, run.stdout + run.stderr
+    assert f"problem: localhost: workdir: working directory {tmp_path / 'gone'} does not exist there" in run.stdout
