@@ -37,8 +37,8 @@ def ranks_per_host(hosts: list[HostSpec], np: int, oversubscribe: bool = False) 
     if np < 1:
         raise UsageError(f"-np {np}: must be at least 1")
     if np > (cap := max_ranks()):
-        raise UsageError(f"-np {np}: a job may have at most {cap} ranks (plan/limits.py; TRAINRUN_MAX_RANKS "
-                         "raises the cap); lower -np or the hosts' slots")
+        raise UsageError(f"-np {np}: a job may have at most {cap} ranks; lower -np or the hosts' slots "
+                         "(or raise the cap with TRAINRUN_MAX_RANKS)")
     total = sum(h.slots for h in hosts)
     if np > total and not oversubscribe:
         raise UsageError(
