@@ -10,7 +10,9 @@ API = ["grouped_allgather_and_reducescatter", "float16_prescale_rounds_as_horovo
        "sparse_gradients_both_ways", "broadcast_optimizer_state_every_class", "broadcast_parameters_without_grad",
        "join_with_allgather_and_broadcast", "collective_gradients_follow_horovod",
        "optimizer_on_disjoint_process_sets", "sync_batch_norm_matches_global_batch_norm",
-       "adasum_any_world_size", "adasum_optimizer_combines_deltas", "build_probes_tell_the_truth"]
+       "adasum_any_world_size", "adasum_optimizer_combines_deltas", "build_probes_tell_the_truth",
+       "optimizer_on_a_set_without_this_rank_trains_locally", "sparse_as_dense_hands_sparse_adam_sparse_gradients",
+       "broadcast_optimizer_state_leaves_zero_gradients", "reducescatter_adasum_raises_horovods_error_type"]
 MATRIX = ["matrix_allreduce", "matrix_grouped_allreduce_and_scales", "matrix_gather_broadcast_alltoall_reducescatter",
           "matrix_autograd"]
 

@@ -42,6 +42,15 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.", model=N
     """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state:
+        # as Horovod leaves a fresh optimizer's parameters (it steps once on zero gradients to create the
+        # state; trainrun sends the state whole, without that step): zero gradients, sparse for SparseAdam
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p.data)
+                    if isinstance(optimizer, torch.optim.SparseAdam):
+                        p.grad = p.grad.to_sparse()
     blob = None
     if state.rank() == root_rank:
         buf = io.BytesIO()

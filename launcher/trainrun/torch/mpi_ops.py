@@ -106,7 +106,7 @@ def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=glob
                                 prescale_factor=1.0, postscale_factor=1.0) -> int:
     """Start reducescatter of each tensor, announced together; synchronize returns the list."""
     return _submit(build.grouped, process_set, build.reducescatter, "grouped_reducescatter", tensors, name,
-                   rq.check_op(op), prescale_factor, postscale_factor)
+                   _scatter_op(op), prescale_factor, postscale_factor)
 
 
 def sparse_allreduce_async(tensor, name=None, op=Average, process_set=global_process_set):
@@ -131,8 +131,16 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return HorovodAlltoall.apply(tensor, splits, name, state.engine(process_set))
 
 
+def _scatter_op(op: int) -> int:
+    """`op` for a reducescatter: Adasum is refused with the error type Horovod raises (RuntimeError)."""
+    if op == Adasum:
+        raise NotImplementedError("reducescatter does not support op=Adasum (as in Horovod); use Sum or Average")
+    return rq.check_op(op)
+
+
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set, prescale_factor=1.0,
                         postscale_factor=1.0) -> int:
+    _scatter_op(op)
     return _submit(build.reducescatter, process_set, tensor, name, op, prescale_factor, postscale_factor)
 
 
@@ -203,7 +211,7 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
                   prescale_factor=1.0, postscale_factor=1.0) -> torch.Tensor:
     """Reduce over ranks and keep this rank's slice of dim 0. Differentiable."""
     compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(compressed, name, rq.check_op(op), prescale_factor, postscale_factor,
+    out = HorovodReducescatter.apply(compressed, name, _scatter_op(op), prescale_factor, postscale_factor,
                                      state.engine(process_set))
     return compression.decompress(out, ctx)
 
@@ -217,6 +225,6 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
     """reducescatter of each tensor, announced together. Differentiable."""
     pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(name, rq.check_op(op), prescale_factor, postscale_factor,
+    outs = HorovodGroupedReducescatter.apply(name, _scatter_op(op), prescale_factor, postscale_factor,
                                              state.engine(process_set), *[t for t, _ in pairs])
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs)]

@@ -65,7 +65,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self.sparse_as_dense = sparse_as_dense
         self._process_set = process_set
-        self._set_size = state.engine(process_set).size  # (a set this rank is not in fails here, not in a hook)
+        # a rank outside `process_set` trains on its own gradients, with no collective (as Horovod)
+        self._in_set = process_set is None or process_set.process_set_id == 0 or process_set.included()
+        self._set_size = state.engine(process_set).size if self._in_set else 1
         self._compression = compression
         self._parameter_names = parameter_names(self.param_groups, named_parameters)
         named_parameters = [(k, v) for v, k in self._parameter_names.items()]
@@ -88,8 +90,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._batch_bytes = 0
         # as Horovod: one rank has nothing to average, unless the job is elastic (it may grow; also how
         # scripts/bench_gpu.py measures the GPU path on one GPU)
-        self._reduces = self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
-                                                      os.environ.get("HOROVOD_ELASTIC"))
+        self._reduces = self._in_set and (self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
+                                                                        os.environ.get("HOROVOD_ELASTIC")))
         if self._reduces:
             self._register_hooks()
 
@@ -256,8 +258,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 params, pairs = key, ctx
             for p, (compressed, cctx) in zip(params, pairs):
                 grad = decompress(compressed, cctx)
-                if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
-                    p.grad = grad
+                if p.grad.is_sparse:  # sparse_as_dense: the reduced values, sparse again as the optimizer
+                    p.grad = grad.to_sparse(p.grad.sparse_dim())  # got them (torch.optim.SparseAdam needs that)
                 elif grad is not p.grad:
                     with torch.no_grad():
                         p.grad.copy_(grad)

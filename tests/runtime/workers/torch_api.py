@@ -254,6 +254,77 @@ def optimizer_on_disjoint_process_sets():
         hvd.remove_process_set(even)
 
 
+
+@case
+def optimizer_on_a_set_without_this_rank_trains_locally():
+    """DistributedOptimizer(process_set=S) on a rank outside S: its own gradients, no collective (Horovod)."""
+    me = hvd.rank()
+    first = hvd.add_process_set([0])
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), process_set=first)
+        model(torch.full((2, 3), float(me + 1))).sum().backward()
+        opt.step()
+        torch.manual_seed(0)
+        ref = nn.Linear(3, 1)
+        ref(torch.full((2, 3), float(me + 1))).sum().backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= 0.1 * p.grad
+        for p, q in zip(model.parameters(), ref.parameters()):
+            close(p.detach(), q.detach(), 1e-6)
+    finally:
+        hvd.remove_process_set(first)
+
+
+@case
+def sparse_as_dense_hands_sparse_adam_sparse_gradients():
+    """sparse_as_dense=True reduces an embedding's gradient dense and hands it back sparse, so
+    torch.optim.SparseAdam steps; the result equals single-process SparseAdam on every rank's batch."""
+    me, n = hvd.rank(), hvd.size()
+    torch.manual_seed(0)
+    model, ref = nn.Embedding(6, 2, sparse=True), nn.Embedding(6, 2, sparse=True)
+    ref.load_state_dict(model.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), sparse_as_dense=True)
+    ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        model(torch.tensor([(me + step) % 6, 5])).sum().backward()
+        opt.step()
+        assert model.weight.grad.is_sparse
+        ref_opt.zero_grad()
+        for r in range(n):
+            (ref(torch.tensor([(r + step) % 6, 5])).sum() / n).backward()
+        ref_opt.step()
+    close(model.weight.detach(), ref.weight.detach(), 1e-5)
+
+
+@case
+def broadcast_optimizer_state_leaves_zero_gradients():
+    """After broadcast_optimizer_state of a fresh optimizer, parameters that require grad have zero
+    gradients (Horovod's), so a program that then broadcasts the gradients runs."""
+    model = nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model.weight.grad is not None and not model.weight.grad.any()
+    assert model.bias.grad is None
+    hvd.broadcast_(model.weight.grad, root_rank=0)
+
+
+@case
+def reducescatter_adasum_raises_horovods_error_type():
+    """Horovod raises RuntimeError for reducescatter(op=Adasum), in every form."""
+    n = hvd.size()
+    for call in (lambda: hvd.reducescatter(torch.ones(2 * n), op=hvd.Adasum),
+                 lambda: hvd.reducescatter_async(torch.ones(2 * n), op=hvd.Adasum),
+                 lambda: hvd.grouped_reducescatter([torch.ones(2 * n)], op=hvd.Adasum),
+                 lambda: hvd.grouped_reducescatter_async([torch.ones(2 * n)], op=hvd.Adasum)):
+        expect(RuntimeError, call, "Adasum")
+
 @case
 def sync_batch_norm_matches_global_batch_norm():
     me, n = hvd.rank(), hvd.size()
@@ -309,7 +380,7 @@ def adasum_any_world_size():
     hvd.allreduce(x, op=hvd.Adasum).sum().backward()  # gradient: Adasum of the (equal) output gradients
     close(x.grad, torch.ones(7), 1e-12)
     expect(ValueError, lambda: hvd.allreduce(torch.ones(2, dtype=torch.int32), op=hvd.Adasum), "Adasum", "float")
-    expect(ValueError, lambda: hvd.reducescatter(torch.ones(2), op=hvd.Adasum), "Adasum")
+    expect(RuntimeError, lambda: hvd.reducescatter(torch.ones(2), op=hvd.Adasum), "Adasum")  # (Horovod's type)
 
 
 @case
