@@ -131,3 +131,14 @@ def test_open_mpi_ranks_import_trainruns_horovod(request, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = sorted(line.split("HOROVOD ", 1)[1] for line in proc.stdout.splitlines() if "HOROVOD " in line)
     assert rows == [f"0 {SHIM_INIT}", f"1 {SHIM_INIT}"], proc.stdout
+
+
+def test_pytorch_synthetic_benchmark_under_horovodrun(tmp_path):
+    """The Horovod user's whole command unchanged: `horovodrun -np 2 python pytorch_synthetic_benchmark.py`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trainrun.horovodrun", "-np", "2", sys.executable,
+                           str(PROGRAMS / "pytorch_synthetic_benchmark.py"), "--no-cuda"],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    rows = reports(proc)
+    assert_trained_alike(rows)
+    assert "[1,0]<stdout>:REPORT " in proc.stdout  # horovodrun's own output tags
