@@ -59,6 +59,8 @@ def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
     plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name,
                      slurm=source.allocation is not None)
     notes = {"hosts": source.reason, **({"engine": source.engine} if shape.remote else {})}
+    if cfg.tf_cluster is not None:
+        notes["mpi"] = "none (--tf-cluster: the tasks are TensorFlow servers, not an MPI world)"
     if "TRAINRUN_HOROVOD" in plan.procs[0].env:
         from trainrun._horovod import describe
 
@@ -103,7 +105,7 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
         plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
                          slurm=source.allocation is not None, addresses=addresses)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
-        by_host, mpi = plan.by_host(), cfg.mpi != "none"
+        by_host, mpi = plan.by_host(), cfg.mpi != "none" and cfg.tf_cluster is None  # PS tasks: no MPI world
         local = [p for p in plan.procs if p.host not in agents]
         groups = [LocalRanks(local, pmi=mpi)] if local else []
         forward = forwarded_env(os.environ)

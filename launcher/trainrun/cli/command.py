@@ -44,6 +44,17 @@ class Count(click.ParamType):
         return n
 
 
+class Roles(click.ParamType):
+    """--tf-cluster's value, parsed once into a RoleCounts (plan/roles.py)."""
+
+    name = "ROLES"
+
+    def convert(self, value, param, ctx):
+        from trainrun.plan.roles import RoleCounts, parse_roles
+
+        return value if isinstance(value, RoleCounts) else parse_roles(value)
+
+
 def _sbatch_first(value: bool) -> None:
     if value:  # main() takes --sbatch when it comes first; anywhere else it would mix the two option sets
         raise click.UsageError("--sbatch goes first: trainrun --sbatch [SBATCH OPTIONS...] [OPTIONS] PROGRAM ...")
@@ -99,6 +110,8 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--grace", type=click.FloatRange(min=0), default=3.0, show_default=True, help="Seconds between SIGTERM and SIGKILL at teardown.")
 @click.option("--mpi", type=click.Choice(["mpich", "openmpi", "none"]), default="mpich", show_default=True,
               help="mpich: trainrun serves the MPI world (PMI-1); openmpi: run through Open MPI's mpirun; none: no MPI world.")
+@click.option("--tf-cluster", type=Roles(), metavar="ROLES",
+              help="TensorFlow parameter-server cluster: ps=2 (1 chief, the rest workers) or chief=1,worker=4,ps=2,evaluator=1; no MPI world.")
 @click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds for all ranks to join the MPI world once the first has.")
 @click.option("-p", "--ssh-port", type=click.IntRange(1, 65535), help="SSH port of the remote hosts (default: ssh config, else 22).")
 @click.option("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key for the remote hosts.")

@@ -13,6 +13,7 @@ import click
 
 from trainrun.errors import UsageError
 from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
+from trainrun.plan.roles import RoleCounts
 
 
 class _NotElastic:
@@ -70,6 +71,7 @@ class LaunchConfig:
     json: bool = False
     verbose: bool = False
     engine: str = "auto"
+    tf_cluster: RoleCounts | None = None  # --tf-cluster: a TensorFlow parameter-server cluster (plan/roles.py)
 
     def __post_init__(self):
         if self.hosts and self.hostfile:
@@ -77,6 +79,7 @@ class LaunchConfig:
         if self.host_discovery_script and (self.hosts or self.hostfile):
             raise UsageError("--host-discovery-script and -H/--hostfile both given; the script lists the hosts, use one of them")
         self._check_elastic()
+        self._check_tf_cluster()
         if self.json and not (self.dry_run or self.check):
             raise UsageError("--json goes with --dry-run (or --check)")
         if (self.perf_strict or self.perf_time is not None) and not self.perf:
@@ -115,11 +118,27 @@ class LaunchConfig:
         if self.mpi == "openmpi" and self.elastic_settings().enabled:
             raise UsageError("--mpi openmpi cannot restart or resize a job (mpirun owns the ranks); use --mpi mpich")
 
+    def _check_tf_cluster(self) -> None:
+        if self.tf_cluster is None:
+            return
+        if self.mpi == "openmpi":
+            raise UsageError("--tf-cluster with --mpi openmpi: a parameter-server cluster has no MPI world (its tasks "
+                             "are TensorFlow servers); drop --mpi openmpi")
+        if self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None:
+            raise UsageError("--tf-cluster with --min-np/--max-np/--host-discovery-script: a parameter-server cluster "
+                             "keeps its size (a dead worker is restarted, up to --max-restarts)")
+
+    @property
+    def ps_restarts(self) -> int:
+        """--tf-cluster: how often each worker task may be restarted (--max-restarts, default 3)."""
+        return 3 if self.max_restarts is None else self.max_restarts
+
     @property
     def elastic(self) -> bool:
-        """Any elastic option given (--max-restarts, --min-np, --max-np, --host-discovery-script)."""
-        return (self.max_restarts is not None or self.min_np is not None or self.max_np is not None
-                or self.host_discovery_script is not None)
+        """Any elastic option given (--max-restarts, --min-np, --max-np, --host-discovery-script). With
+        --tf-cluster, --max-restarts is the worker restart limit instead (run/ps_policy.py)."""
+        return ((self.max_restarts is not None and self.tf_cluster is None) or self.min_np is not None
+                or self.max_np is not None or self.host_discovery_script is not None)
 
     def elastic_settings(self):
         """The elastic options as one ElasticSettings (run/elastic_policy.py). --max-restarts defaults to 0,
@@ -147,10 +166,10 @@ class LaunchConfig:
             specs = parse_hosts_arg(self.hosts)
         elif self.hostfile:
             specs = read_hostfile(self.hostfile)
-        elif self.num_proc is None:
+        elif (np := self.num_proc or (self.tf_cluster and self.tf_cluster.total)) is None:
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         else:
-            specs = [HostSpec("localhost", self.num_proc)]
+            specs = [HostSpec("localhost", np)]
         return self.without_excluded(specs)
 
     def without_excluded(self, specs: list[HostSpec]) -> list[HostSpec]:
@@ -218,6 +237,8 @@ def load_config_file(path: str, ctx: click.Context) -> dict:
             raise UsageError(f"{path}: unknown key '{key}'; keys are the long option names, e.g. np, hosts, grace, output-dir")
         if param.name == "hosts" and isinstance(value, list):
             value = ",".join(map(str, value))
+        if param.name == "tf_cluster" and isinstance(value, dict):  # tf-cluster: {chief: 1, worker: 4, ps: 2}
+            value = ",".join(f"{k}={v}" for k, v in value.items())
         if param.multiple and not isinstance(value, list):
             value = [value]
         if param.multiple and any(isinstance(v, (list, dict)) for v in value):

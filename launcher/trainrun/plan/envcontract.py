@@ -12,6 +12,7 @@ from typing import Mapping
 
 from trainrun.plan.coords import RankCoords
 from trainrun.plan.placement import RankAssignment
+from trainrun.plan.roles import Task, cluster_of
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class JobInfo:
     slurm: bool = False  # inside a Slurm allocation: also Slurm's own rank variables (see rank_env)
     tf_workers: tuple[str, ...] = ()  # "address:port" per rank: TF_CONFIG for tf.distribute's multi-worker strategies
     gpu_operations: str = ""  # TRAINRUN_GPU_OPERATIONS for every rank ("mpi" when --allow-gpu-sharing shares GPUs)
+    tf_tasks: tuple[Task, ...] = ()  # --tf-cluster: every rank's role and index (TF_CONFIG lists them by role)
+
+    def task_of(self, rank: int) -> Task:
+        """Rank's task in TF_CONFIG: its --tf-cluster role, else worker `rank` (MultiWorkerMirroredStrategy)."""
+        return self.tf_tasks[rank] if self.tf_tasks else Task("worker", rank)
 
     def to_arg(self) -> str:
         """One command-line word (JSON) that from_arg reads back (the Open MPI rank shim gets it)."""
@@ -51,7 +57,7 @@ class JobEnv:
     job: JobInfo
     common: dict[str, str]
     exported: dict[str, str]
-    tf_prefix: str = ""  # TF_CONFIG up to the task index; "" without tf_workers
+    tf_prefix: str = ""  # TF_CONFIG up to its task ('{"cluster": {...}, "task": '); "" without tf_workers
 
 
 def job_env(job: JobInfo, size: int, nnodes: int, exported: dict[str, str] | None = None) -> JobEnv:
@@ -67,7 +73,10 @@ def job_env(job: JobInfo, size: int, nnodes: int, exported: dict[str, str] | Non
     if job.nics:
         nics = ",".join(job.nics)
         common.update(NCCL_SOCKET_IFNAME=nics, GLOO_SOCKET_IFNAME=nics, UCX_NET_DEVICES=nics)
-    prefix = tf_config(job.tf_workers, 0).removesuffix(_TF_TASK_END.format(0)) if job.tf_workers else ""
+    prefix = ""
+    if job.tf_workers:  # the cluster is written once per job; each rank adds its task (tf_task)
+        cluster = cluster_of(job.tf_tasks, job.tf_workers) if job.tf_tasks else {"worker": job.tf_workers}
+        prefix = _cluster_prefix(cluster)
     return JobEnv(job, {k: str(v) for k, v in common.items()}, dict(exported or {}), prefix)
 
 
@@ -89,7 +98,21 @@ _PER_RANK = {
     "SLURM_LOCALID": (lambda a, s: s.job.slurm, lambda a: a.local_rank),
     "SLURM_NODEID": (lambda a, s: s.job.slurm, lambda a: a.node_rank),
 }
-_TF_TASK_END = "{}}}}}"  # what follows the index in tf_config's JSON: the task and the whole document closed
+
+
+def _cluster_prefix(cluster: Mapping[str, tuple[str, ...] | list[str]]) -> str:
+    """TF_CONFIG up to its task. Written by hand, not with json: the launch path does not import it
+    (roles, addresses and ports need no escaping)."""
+    jobs = ", ".join(f'"{role}": [' + ", ".join(f'"{a}"' for a in addrs) + "]" for role, addrs in cluster.items())
+    return f'{{"cluster": {{{jobs}}}, "task": '
+
+
+def tf_task(task: Task) -> str:
+    """The rest of TF_CONFIG after _cluster_prefix: this rank's task, and the document closed."""
+    return f'{{"type": "{task.role}", "index": {task.index}}}}}'
+
+
+_ROLE_KEYS = ("TRAINRUN_ROLE", "TRAINRUN_ROLE_INDEX")  # --tf-cluster: for programs that do not read TF_CONFIG
 
 
 class RankEnvMap(Mapping):
@@ -113,7 +136,10 @@ class RankEnvMap(Mapping):
         if key in s.common:
             return s.common[key]
         if key == "TF_CONFIG" and s.tf_prefix:
-            return s.tf_prefix + _TF_TASK_END.format(self.assignment.rank)
+            return s.tf_prefix + tf_task(s.job.task_of(self.assignment.rank))
+        if key in _ROLE_KEYS and s.job.tf_tasks:
+            task = s.job.tf_tasks[self.assignment.rank]
+            return task.role if key == "TRAINRUN_ROLE" else str(task.index)
         if self._has(key):
             return str(_PER_RANK[key][1](self.assignment))
         raise KeyError(key)
@@ -121,6 +147,7 @@ class RankEnvMap(Mapping):
     def _keys(self) -> list[str]:
         s = self.shared
         own = [k for k in _PER_RANK if self._has(k)] + (["TF_CONFIG"] if s.tf_prefix else [])
+        own += list(_ROLE_KEYS) if s.job.tf_tasks else []
         return [*(k for k in own if k not in s.exported), *s.common.keys() - s.exported.keys(), *s.exported]
 
     def __iter__(self):
@@ -131,7 +158,8 @@ class RankEnvMap(Mapping):
 
     def __contains__(self, key) -> bool:
         s = self.shared
-        return key in s.exported or key in s.common or (key == "TF_CONFIG" and bool(s.tf_prefix)) or self._has(key)
+        return (key in s.exported or key in s.common or (key == "TF_CONFIG" and bool(s.tf_prefix)) or self._has(key)
+                or (key in _ROLE_KEYS and bool(s.job.tf_tasks)))
 
     def __repr__(self) -> str:
         return f"RankEnvMap(rank {self.assignment.rank})"
@@ -143,10 +171,8 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
 
 
 def tf_config(workers: tuple[str, ...], index: int) -> str:
-    """TF_CONFIG (JSON) for worker `index` of `workers`: what tf.distribute.MultiWorkerMirroredStrategy reads.
-    Written by hand, not with json: the launch path does not import it (addresses and ports need no escaping)."""
-    listed = ", ".join(f'"{w}"' for w in workers)
-    return f'{{"cluster": {{"worker": [{listed}]}}, "task": {{"type": "worker", "index": ' + _TF_TASK_END.format(index)
+    """TF_CONFIG (JSON) for worker `index` of `workers`: what tf.distribute.MultiWorkerMirroredStrategy reads."""
+    return _cluster_prefix({"worker": workers}) + tf_task(Task("worker", index))
 
 
 # What a remote rank inherits from the launcher's environment (a local rank inherits all of it).

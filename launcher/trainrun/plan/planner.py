@@ -17,6 +17,7 @@ from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec, parse_exclude
 from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host, shares_gpus
 from trainrun.plan.program import command_argv
+from trainrun.plan.roles import place_roles
 from trainrun.plan.spec import LaunchPlan, build_plan
 
 
@@ -49,6 +50,9 @@ def requested_np(cfg, hosts: list[HostSpec], default_np: int | None = None) -> i
     """-np, else the host source's default (a Slurm allocation's task count), else every slot of the hosts."""
     if cfg.num_proc is not None:
         return cfg.num_proc
+    roles = getattr(cfg, "tf_cluster", None)
+    if roles is not None and roles.total is not None:  # --tf-cluster with every role counted: that many tasks
+        return roles.total
     return default_np if default_np is not None else sum(h.slots for h in hosts)
 
 
@@ -78,10 +82,12 @@ def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr:
     rank0 = facts.get(shape.used[0].name, NO_FACTS)
     assignments = assign(cfg, shape, facts)
     addresses = addresses or {h.name: master_addr if i == 0 else h.name for i, h in enumerate(shape.used)}
+    roles = getattr(cfg, "tf_cluster", None)
+    tasks = place_roles(roles, [a.host.name for a in assignments]) if roles is not None else ()
     job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
                   nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm,
                   tf_workers=tf_workers(assignments, facts, addresses),
-                  gpu_operations=gpu_operations(cfg, assignments, environ))
+                  gpu_operations=gpu_operations(cfg, assignments, environ), tf_tasks=tasks)
     argv = command_argv(cfg.command, cfg.python or sys.executable)
     return build_plan(assignments, job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ), cfg.bind_to)
 
