@@ -114,3 +114,36 @@ def test_discovery_script_with_slots_per_host(train):
                               "python", "train.py", cwd=train)
     assert rc == 0, err
     assert "[1,1]<stdout>:rank 1 of 2 sum 1" in out
+
+
+PROGRAMS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "horovod_compat", "programs")
+needs_tf = pytest.mark.skipif(__import__("importlib").util.find_spec("tensorflow") is None, reason="TensorFlow not installed")
+
+
+def trained_alike(out: str) -> list[dict]:
+    """The two ranks' REPORT lines (programs/report.py), as horovodrun prints them ([1,N]<stdout>:REPORT {...})."""
+    import json
+
+    rows = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in out.splitlines()
+                   if re.match(r"\[1,\d\]<stdout>:REPORT ", line)), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], out[-3000:]
+    assert rows[0]["weights"] == rows[1]["weights"] and rows[0]["losses"][-1] < rows[0]["losses"][0], rows
+    assert all(r["horovod"].endswith(os.path.join("_horovod", "horovod", "__init__.py")) for r in rows)
+    return rows
+
+
+@pytest.mark.parametrize("program,options", [
+    ("pytorch_synthetic_benchmark.py", ["-np", "2"]),
+    ("pytorch_synthetic_benchmark_elastic.py", ["-np", "2", "--min-np", "2", "--max-np", "2", "-H", "localhost:2"]),
+    pytest.param("tensorflow2_synthetic_benchmark.py", ["-np", "2"], marks=[pytest.mark.slow, needs_tf]),
+    pytest.param("tensorflow2_keras_synthetic_benchmark.py", ["-np", "2"], marks=[pytest.mark.slow, needs_tf]),
+])
+@pytest.mark.timeout(300)
+def test_horovod_example_programs_unchanged(tmp_path, program, options):
+    """Programs in the shape of Horovod 0.28.1's examples (tests/horovod_compat/programs: `import horovod.torch
+    as hvd`, ...), launched by a horovodrun command line as Horovod's docs write it."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow", TRAINRUN_STALL_TIMEOUT="60")
+    rc, out, err = horovodrun(*options, "python", os.path.join(PROGRAMS, program), "--no-cuda", cwd=tmp_path,
+                              timeout=280, env=env)
+    assert rc == 0, err[-3000:]
+    trained_alike(out)
