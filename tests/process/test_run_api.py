@@ -240,3 +240,54 @@ def test_trainrun_run_answers_after_the_launchers_run_package_is_imported():
     import trainrun.run.output  # noqa: F401
 
     assert trainrun.run(length, (b"abc",), np=1) == [3]
+
+
+SLEEPER_SCRIPT = '''
+import os, sys, time
+import trainrun
+
+def sleeper(folder):
+    with open(os.path.join(folder, "pid." + os.environ["RANK"]), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)
+
+try:
+    trainrun.run(sleeper, (sys.argv[1],), np=2)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+'''
+
+
+def _start_sleepers(tmp_path):
+    import time
+
+    script = tmp_path / "sleepers.py"
+    script.write_text(SLEEPER_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("pid.*"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc, [int(p.read_text()) for p in sorted(tmp_path.glob("pid.*"))]
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "caller killed"])
+def test_no_rank_outlives_an_interrupted_or_killed_caller(tmp_path, how):
+    """Ctrl-C in the caller (a notebook's interrupt): the job is stopped and KeyboardInterrupt raised. The caller
+    SIGKILLed: the launcher gets SIGTERM (PR_SET_PDEATHSIG) and tears the job down. No rank is left either way."""
+    import signal as sig
+
+    from launch_helpers import assert_all_gone
+
+    proc, pids = _start_sleepers(tmp_path)
+    try:
+        proc.send_signal(sig.SIGINT if how == "ctrl-c" else sig.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        if how == "ctrl-c":
+            assert "INTERRUPTED" in out
+        assert_all_gone(pids, timeout=20, what="ranks of trainrun.run")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig.SIGKILL)
+            proc.communicate()
