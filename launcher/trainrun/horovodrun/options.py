@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = p.add_argument_group("tuneable parameter arguments (set HOROVOD_* for the ranks)")
     tune.add_argument("--fusion-threshold-mb", type=int, help="HOROVOD_FUSION_THRESHOLD (MB).")
-    tune.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME (ms).")
+    tune.add_argument("--cycle-time-ms", type=float, help="No effect here (says why).")
     tune.add_argument("--cache-capacity", type=int, help="HOROVOD_CACHE_CAPACITY.")
     for what in ("allreduce", "allgather"):
         g = tune.add_mutually_exclusive_group()
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     tl = p.add_argument_group("timeline arguments")
     tl.add_argument("--timeline-filename", help="HOROVOD_TIMELINE.")
     g = tl.add_mutually_exclusive_group()
-    _flag(g, "--timeline-mark-cycles", dest="timeline_mark_cycles", value=True, help="HOROVOD_TIMELINE_MARK_CYCLES.")
+    _flag(g, "--timeline-mark-cycles", dest="timeline_mark_cycles", value=True, help="No effect here (says why).")
     _flag(g, "--no-timeline-mark-cycles", dest="timeline_mark_cycles", value=False)
 
     st = p.add_argument_group("stall check arguments")
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lib = p.add_argument_group("library arguments")
     g = lib.add_mutually_exclusive_group()
-    _flag(g, "--mpi-threads-disable", dest="mpi_threads_disable", value=True, help="HOROVOD_MPI_THREADS_DISABLE.")
+    _flag(g, "--mpi-threads-disable", dest="mpi_threads_disable", value=True, help="No effect here (says why).")
     _flag(g, "--no-mpi-threads-disable", dest="mpi_threads_disable", value=False)
     lib.add_argument("--mpi-args", help="mpirun's -x, --oversubscribe, --bind-to are translated; the rest says why not.")
     lib.add_argument("--tcp", dest="tcp_flag", action="store_true", help="TCP only: NCCL_IB_DISABLE=1, UCX_TLS=tcp,sm,self.")
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg = p.add_argument_group("logging arguments")
     lg.add_argument("--log-level", choices=LOG_LEVELS, help="HOROVOD_LOG_LEVEL.")
     _flag(lg, "--log-with-timestamp", dest="log_with_timestamp", value=True)
-    _flag(lg, "--log-without-timestamp", dest="log_with_timestamp", value=False, help="HOROVOD_LOG_HIDE_TIME=1.")
+    _flag(lg, "--log-without-timestamp", dest="log_with_timestamp", value=False, help="No effect here (says why).")
     _flag(lg, "--log-hide-timestamp", dest="log_with_timestamp", value=False)      # deprecated in Horovod
     _flag(lg, "--no-log-hide-timestamp", dest="log_with_timestamp", value=True)    # deprecated in Horovod
     lg.add_argument("-prefix-timestamp", "--prefix-output-with-timestamp", dest="prefix_output_with_timestamp",
