@@ -105,16 +105,22 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
         plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
                          slurm=source.allocation is not None, addresses=addresses)
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
-        by_host, mpi = plan.by_host(), cfg.mpi != "none" and cfg.tf_cluster is None  # PS tasks: no MPI world
+        ps = cfg.tf_cluster is not None
+        by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
         local = [p for p in plan.procs if p.host not in agents]
         groups = [LocalRanks(local, pmi=mpi)] if local else []
         forward = forwarded_env(os.environ)
         for name, agent in agents.items():
             agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
-                         heartbeat_timeout=cfg.heartbeat_timeout)
+                         heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
             groups.append(agent)
-        job = Job(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace,
-                  start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir)
+        policy = None
+        if ps:
+            from trainrun.run.ps_policy import PsPolicy
+
+            policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
+        job = Job(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace, start_timeout=cfg.start_timeout,
+                  hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir, ps_policy=policy)
         result = job.run()
     finally:
         for agent in agents.values():

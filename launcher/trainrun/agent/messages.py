@@ -22,7 +22,9 @@ class AgentJob:
     swaps in its own); `patience`: seconds of launcher silence before the agent kills its ranks;
     `kvsname`: the MPI world's name, whose /dev/shm segments the agent removes at the end (None: no MPI);
     `elastic`: the job may restart: the agent keeps its ranks' committed state (control channels), and when
-    the ranks have ended it cleans up, sends DONE and waits for the next JOB instead of exiting."""
+    the ranks have ended it cleans up, sends DONE and waits for the next JOB instead of exiting;
+    `restartable`: a parameter-server job: a rank that ended may be started again (RESTART), so the agent
+    stays until the launcher closes the channel."""
 
     procs: tuple[ProcessSpec, ...]
     pmi: bool
@@ -30,16 +32,18 @@ class AgentJob:
     patience: float
     kvsname: str | None = None
     elastic: bool = False
+    restartable: bool = False
 
     def to_bytes(self) -> bytes:
         return json.dumps({"procs": [spec_to_dict(p) for p in self.procs], "pmi": self.pmi, "python": self.python,
-                           "patience": self.patience, "kvsname": self.kvsname, "elastic": self.elastic}).encode()
+                           "patience": self.patience, "kvsname": self.kvsname, "elastic": self.elastic,
+                           "restartable": self.restartable}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AgentJob:
         d = json.loads(data)
         return cls(tuple(spec_from_dict(p) for p in d["procs"]), d["pmi"], d["python"], d["patience"], d.get("kvsname"),
-                   d.get("elastic", False))
+                   d.get("elastic", False), d.get("restartable", False))
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class Agent:
         self.patience = float("inf")  # seconds of launcher silence before giving up (from the JOB)
         self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
         self.elastic = False
+        self.restartable = False  # a parameter-server job's host: stay until the launcher closes the channel
         self.control = None  # an elastic job's ControlServer; its StateStore lives as long as the agent
         self._last_heard = self._last_beat = time.monotonic()
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
@@ -114,6 +115,8 @@ class Agent:
                 self.ranks.signal(int(payload))
             elif kind == wire.KILL and self.ranks:
                 self.ranks.kill()
+            elif kind == wire.RESTART and self.ranks:
+                self.ranks.restart(rank, int(payload))
             elif kind == wire.PMI and self.ranks:
                 self.ranks.pmi_send(rank, payload)
             elif kind == wire.DUMP:
@@ -133,6 +136,7 @@ class Agent:
             watchdog.stop_limit(job.patience)
         self.kvsname = job.kvsname
         self.elastic = job.elastic
+        self.restartable = job.restartable
         if job.elastic and self.control is None:
             from trainrun.run.control import ControlServer, StateStore
 
@@ -192,7 +196,7 @@ class Agent:
                     break
                 if self.ranks is not None:
                     self.ranks.tick(now)
-                    if not self.ranks.running:
+                    if not self.ranks.running and not self.restartable:
                         if not self.elastic:
                             break
                         self._end_attempt()

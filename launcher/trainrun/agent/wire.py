@@ -6,6 +6,7 @@ launcher -> agent:  JOB  (json: the host's ProcessSpecs)   SIGNAL (payload: sign
                     KILL                                  PMI    (rank: bytes for that rank's PMI socket)
                     DUMP (json DumpRequest: take the running ranks' stacks)
                     NOTIFY (json: the job's hosts changed; an elastic agent passes it to its ranks)
+                    RESTART (rank: start that ended rank again; payload: its restart count; --tf-cluster)
 both ways:          BEAT (every HEARTBEAT_EVERY s: "I am here"; silence is how a hung or cut-off peer shows;
                           json Beat: the sender's clock, and the agent echoes the launcher's at once,
                           so the launcher learns the agent's clock offset from the round trip)
@@ -32,6 +33,7 @@ HEARTBEAT_EVERY = 2.0
 HELLO, STARTED, STDOUT, STDERR, EXIT, FATAL = b"H", b"R", b"O", b"E", b"X", b"F"
 STACKS, PROGRESS, STALL = b"T", b"G", b"W"
 NOTIFY, DONE = b"U", b"Q"  # elastic jobs only (every kind is one distinct byte, whatever its direction)
+RESTART = b"A"  # parameter-server jobs only
 STREAM_KIND = {1: STDOUT, 2: STDERR}
 KIND_STREAM = {STDOUT: 1, STDERR: 2}
 

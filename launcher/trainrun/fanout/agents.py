@@ -70,7 +70,7 @@ class AgentRanks:
         self._started = time.monotonic()
 
     def assign(self, specs: list[ProcessSpec], *, pmi: bool, python: str, env: dict[str, str],
-               heartbeat_timeout: float = 15.0) -> None:
+               heartbeat_timeout: float = 15.0, restartable: bool = False) -> None:
         """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
         variables) goes under each rank's own env; it travels in the channel, never on a command line.
         The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (at least one
@@ -88,7 +88,7 @@ class AgentRanks:
             kvsname = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
         procs = tuple(replace(s, env={**env, **s.env}) for s in specs)
         patience = max(AGENT_PATIENCE * heartbeat_timeout, wire.HEARTBEAT_EVERY + 1)  # > one beat's gap
-        self._job = AgentJob(procs, pmi, python, patience, kvsname)
+        self._job = AgentJob(procs, pmi, python, patience, kvsname, restartable=restartable)
 
     def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
         self.events = events
@@ -217,6 +217,11 @@ class AgentRanks:
 
     def pmi_send(self, rank: int, data: bytes) -> None:
         self.link.write(wire.frame(wire.PMI, rank, data))
+
+    def restart(self, rank: int, count: int) -> None:
+        """Start ended rank `rank` again on this host (assign(restartable=True) only)."""
+        self._pending.add(rank)
+        self.link.write(wire.frame(wire.RESTART, rank, str(count).encode()))
 
     def disconnect(self) -> None:
         """Close the host's connection (after close())."""

@@ -41,6 +41,7 @@ from trainrun.run.watchdog import Watchdog
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import RankStack
     from trainrun.run.groups import RankGroup
+    from trainrun.run.ps_policy import PsPolicy
     from trainrun.run.stall import Stuck
 
 TICK = 0.05
@@ -62,8 +63,10 @@ class Job:
     rank has been reported; the RankEvents sink of all of them."""
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink, groups: list[RankGroup], *, grace: float = 3.0,
-                 start_timeout: float = 120.0, hang_timeout: float | None = None, output_dir: str | None = None):
-        """`groups` must together hold every rank of `plan` exactly once."""
+                 start_timeout: float = 120.0, hang_timeout: float | None = None, output_dir: str | None = None,
+                 ps_policy: PsPolicy | None = None):
+        """`groups` must together hold every rank of `plan` exactly once. `ps_policy`: a parameter-server
+        job's exits (run/ps_policy.py): the chief's success ends the job, a dead worker is restarted."""
         self.plan = plan
         self.sink = sink
         self.grace = grace
@@ -87,9 +90,14 @@ class Job:
         self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
         self._stop_after_dump = False
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
+        self.ps_policy = ps_policy
+        self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
+        if self.plan.job.tf_tasks:  # a parameter-server job: its role names it best
+            t = self.plan.job.tf_tasks[rank]
+            return f"{t.role} {t.index} (rank {rank} on {a.host})"
         return f"rank {rank} on {a.host} (local rank {a.local_rank})"
 
     def fail(self, exit_code: int, what: str, rank: int | None = None, at: float | None = None,
@@ -113,7 +121,9 @@ class Job:
     def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
         self.result.returncodes[rank] = returncode
         log.info("rank %d exited with %d", rank, returncode)
-        if returncode == 0:
+        if self._ps_done:
+            return  # a ps or worker stopped after the chief finished: not a failure
+        if returncode == 0 and self.ps_policy is None:
             return
         ours = {-signal.SIGTERM: self._stopped_at, -signal.SIGKILL: self._killed_at}.get(returncode)
         if ours is not None and (info is None or info.at + info.error >= ours):
@@ -122,6 +132,22 @@ class Job:
         oom = info.oom if info else None
         if oom:
             how += " (out of memory)" if oom.startswith("out of memory") else " (probably out of memory)"
+        if self.ps_policy is not None and self._stopped_at is None:
+            verdict = self.ps_policy.on_exit(rank, returncode, how, str(self._specs[rank].assignment.host))
+            if verdict.action == "wait":
+                return
+            if verdict.action == "done":
+                log.info("the chief finished: stopping the parameter servers and workers")
+                self._ps_done = True
+                self.stop()
+                return
+            if verdict.action == "restart":
+                self.sink.write_raw(2, (verdict.line + "\n").encode())
+                self._group_of[rank].restart(rank, self.ps_policy.restart_count(rank))
+                return
+            how += f" {verdict.line}" if verdict.line else ""
+        if returncode == 0:
+            return
         self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, info.at if info else None, oom)
 
     def on_pmi(self, rank: int, data: bytes) -> None:

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trainrun import log
@@ -105,6 +106,8 @@ class LocalRanks:
         self._since = 0  # clock ticks since boot when start() began: the job's processes are younger
         self._helpers: set[int] = set()  # our own children in another session that are not the job's (watchdog)
         self._next_reap = 0.0
+        self._started: tuple | None = None  # (sel, watchdog) once started: restart() starts a rank again with them
+        self._retired: list[_Rank] = []  # ranks that were restarted: their old pipes are closed at close()
 
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
@@ -123,6 +126,7 @@ class LocalRanks:
         if self._job_id:
             watchdog.mark(self._job_id, self._hosts)
         cores = core_sets()
+        self._started = (sel, watchdog)
         for spec in self.specs:
             if not os.path.isdir(spec.cwd):
                 self.kill()
@@ -135,6 +139,19 @@ class LocalRanks:
             except OSError as err:
                 self.kill()
                 raise _exec_error(spec, err) from None
+
+    def restart(self, rank: int, count: int) -> None:
+        """Start rank `rank` again, as it was planned (after its end was reported; a parameter-server job's
+        worker, run/ps_policy.py); TRAINRUN_RESTART_COUNT=`count` tells it apart. A failure to start it is
+        reported as its exit (127)."""
+        old = self.ranks[rank]
+        self._retired.append(old)
+        spec = replace(old.spec, env={**old.spec.env, "TRAINRUN_RESTART_COUNT": str(count)})
+        sel, watchdog = self._started
+        try:
+            self._start_one(spec, sel, watchdog, core_sets())
+        except OSError:
+            self.events.on_exit(rank, 127)
 
     def _start_one(self, spec: ProcessSpec, sel, watchdog: Watchdog, cores: list[set[int]]) -> None:
         env = host_env(spec, self.base_env, len(os.sched_getaffinity(0)))
@@ -333,7 +350,7 @@ class LocalRanks:
 
     def close(self, sel: selectors.BaseSelector) -> None:
         """Release pipes and sockets (after kill); reaps ranks that were never reaped."""
-        for rank in self.ranks.values():
+        for rank in [*self._retired, *self.ranks.values()]:
             for f in (rank.proc.stdout, rank.proc.stderr, rank.pmi, rank.diag):
                 _close_quietly(sel, f)
             if rank.returncode is None:
