@@ -74,3 +74,18 @@ def test_probe_names_hosts_without_trainrun(engine, hosts):
         probe_hosts(engine, hosts, "/usr/bin/python3")
     assert [f.host for f in e.value.failures] == ["h1", "h2", "h3"]
     assert all(f.stage == "probe" and "trainrun" in str(f) for f in e.value.failures)
+
+
+def test_a_launch_from_one_of_the_hosts_chooses_its_nics_too(cluster, tmp_path):
+    """trainrun started on h1 with h1 among its hosts: h1's side of the probe runs as a child of the launcher,
+    so the ranks get UCX_NET_DEVICES like a launch from outside the hosts, and MPI starts. Without it UCX
+    allows every NIC, tries the docker0 decoy (one address on every host) and MPI_Init fails."""
+    code = ("import os; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "print(c.size, c.allreduce(1), os.environ.get('UCX_NET_DEVICES'))")
+    r = subprocess.run(cluster.enter(1) + [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config),
+                                           "-H", "h1:1,h2:1,h3:1", "--python", sys.executable, "--no-cache",
+                                           sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [line.split(":", 1)[1] for line in r.stdout.splitlines() if line.startswith("[")]
+    assert lines == ["3 3 eth0,eth1"] * 3, r.stdout

@@ -39,13 +39,17 @@ def probe_nics(engine, hosts: list[str], python, include_excluded: bool = False,
 
 
 def choose_nics(cfg, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
-    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host, or
-    when this machine is one of the hosts (the probe runs on hosts reached through `engine` only).
+    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host.
+    When this machine is one of the hosts and `engine` cannot reach it (SSH), its side of the probe runs here
+    as a child process: a launch from one of the hosts gets the same choice as one from outside them.
     `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
     if cfg.network_interface:
         return tuple(cfg.network_interface.split(","))
-    if len(hosts) < 2 or any((h.is_local and not engine.reaches_local) or h.name not in facts for h in hosts):
+    if len(hosts) < 2 or any(h.name not in facts for h in hosts):
         return ()
+    local = {h.name for h in hosts if h.is_local}
+    if local and not engine.reaches_local:
+        engine = _HereToo(engine, local)
     cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
     if cached is not None and nics_present(cached, facts):
         return tuple(cached)
@@ -81,3 +85,22 @@ def cached_nic_choice(hosts: list[HostSpec], cfg) -> list[str] | None:
     except (OSError, ValueError):
         return None
     return doc["nics"] if time.time() - doc.get("time", 0) < CACHE_TTL else None
+
+
+class _HereToo:
+    """`engine` for the remote hosts, a child process of this one for `local` (this machine's names): what
+    the NIC probe needs to run on every host of a launch that includes the launcher's own machine."""
+
+    reaches_local = True
+
+    def __init__(self, engine, local: set[str]):
+        self.engine, self.local = engine, local
+
+    def run_module(self, host: str, module: str, *args: str, python: str | None = None, timeout: float = 30.0):
+        if host in self.local:
+            import sys
+
+            from trainrun.fanout.pipe_engine import PipeModuleChannel
+
+            return PipeModuleChannel([python or sys.executable, "-m", module, *args])
+        return self.engine.run_module(host, module, *args, python=python, timeout=timeout)
