@@ -19,7 +19,9 @@ CASES = ["mismatches_raise_failed_precondition", "bad_arguments_raise_invalid_ar
          "gradients_follow_horovods_tensorflow_convention", "horovods_public_names_exist",
          "broadcast_in_place_and_grouped_ops", "partial_distributed_gradient_tape_keeps_local_layers_local",
          "sync_batch_normalization_uses_every_ranks_batch", "learning_rate_schedule_callback_sets_the_rate_per_epoch",
-         "indexed_slices_in_grouped_allreduce"]
+         "indexed_slices_in_grouped_allreduce", "broadcast_callback_leaves_local_variables_alone",
+         "aggregation_with_a_user_optimizer_subclass_sparse_as_dense_and_an_infinite_gradient",
+         "partial_distributed_optimizer_keeps_local_layers_local"]
 SIZES = [2, 3, 4]
 
 

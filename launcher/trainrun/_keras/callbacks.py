@@ -19,23 +19,32 @@ class _BroadcastGlobalVariables:
     """At the start of training, give every rank `root_rank`'s model and optimizer variables, so
     that ranks initialized differently (or only rank 0 restored from a checkpoint) start alike.
     An optimizer without variables yet (tf-keras builds them in the first step) is broadcast after
-    the first batch instead."""
+    the first batch instead. `local_variables` (a variable or a collection of them) keep this rank's
+    values, as in Horovod."""
 
     _ops = None
 
-    def __init__(self, root_rank: int = 0, device: str = ""):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
         self._optimizer_pending = False
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, (list, tuple, set)):
+            local_variables = [local_variables]
+        self._local = {id(v) for v in local_variables}
+
+    def _shared(self, variables) -> list:
+        return [v for v in variables if id(v) not in self._local]
 
     def on_train_begin(self, logs=None):
         if self.broadcast_done:
             return
-        self._ops.broadcast_variables(self.model.variables, self.root_rank, prefix="keras.model")
+        self._ops.broadcast_variables(self._shared(self.model.variables), self.root_rank, prefix="keras.model")
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", True) and _variables(optimizer):
-            self._ops.broadcast_variables(_variables(optimizer), self.root_rank, prefix="keras.optimizer")
+            self._ops.broadcast_variables(self._shared(_variables(optimizer)), self.root_rank, prefix="keras.optimizer")
         else:
             self._optimizer_pending = optimizer is not None
         self.broadcast_done = True
@@ -43,7 +52,8 @@ class _BroadcastGlobalVariables:
     def on_train_batch_end(self, batch, logs=None):
         if self._optimizer_pending:
             self._optimizer_pending = False
-            self._ops.broadcast_variables(_variables(self.model.optimizer), self.root_rank, prefix="keras.optimizer")
+            self._ops.broadcast_variables(self._shared(_variables(self.model.optimizer)), self.root_rank,
+                                          prefix="keras.optimizer")
 
 
 class _MetricAverage:

@@ -26,6 +26,8 @@ class _Settings:
         self.accumulated = None   # gradients summed over the passes so far
         self.count = 0
         self.graph = None         # in-graph accumulation's variables (tf_ops.accumulate_in_graph)
+        self.local: set = set()   # ids of variables whose gradients stay on this rank (register_local_var)
+        self.scale_local = True   # divide those by the set size (Horovod's scale_local_gradients)
 
 
 class _Distributed:
@@ -63,8 +65,14 @@ class _Distributed:
             grads = [None if g is None else g / s.passes for g in grads]
         return grads
 
+    def register_local_var(self, var) -> None:
+        """Keep `var`'s gradient on this rank: no collective for it (Horovod's PartialDistributedOptimizer)."""
+        self._trainrun.local.add(id(var))
+
     def _trainrun_reduce(self, grads, variables):
         s = self._trainrun
+        if s.local and variables is not None:
+            return self._trainrun_reduce_partly(list(grads), list(variables))
         if not any(g is not None for g in grads) or state.engine(s.process_set).size == 1:
             return grads
         if s.name is None:
@@ -80,6 +88,26 @@ class _Distributed:
         return s.ops.reduce_gradients(grads, variables, name=s.name, op=s.op, pre=pre, post=post,
                                       compression=s.compression, sparse_as_dense=s.sparse_as_dense,
                                       process_set=s.process_set)
+
+
+    def _trainrun_reduce_partly(self, grads, variables):
+        """The gradients of shared variables reduced, those of registered local ones kept (over the set
+        size with scale_local)."""
+        s = self._trainrun
+        shared = [i for i, v in enumerate(variables) if id(v) not in s.local]
+        out = list(grads)
+        s.local, local = set(), s.local  # (the shared ones go through the ordinary path)
+        try:
+            for i, g in zip(shared, self._trainrun_reduce([grads[i] for i in shared], [variables[i] for i in shared])):
+                out[i] = g
+        finally:
+            s.local = local
+        n = state.engine(s.process_set).size
+        if s.scale_local and n > 1:
+            for i, v in enumerate(variables):
+                if id(v) in local and out[i] is not None:
+                    out[i] = out[i] / n
+        return out
 
 
 class _Keras3(_Distributed):
@@ -142,9 +170,28 @@ def settings(ops, compression, backward_passes_per_step, average_aggregated_grad
 
 
 def create_distributed_optimizer(keras, ops, optimizer, name, compression, sparse_as_dense, gradient_predivide_factor,
-                                 op, backward_passes_per_step, average_aggregated_gradients, process_set):
+                                 op, backward_passes_per_step, average_aggregated_gradients, process_set,
+                                 local_layers=None, scale_local_gradients=True):
     """A copy of `optimizer` (a `keras.optimizers.Optimizer` of the given keras module) whose updates
-    use gradients reduced over all ranks."""
+    use gradients reduced over all ranks, except those of `local_layers`' trainable weights (a layer or
+    a list of them: they stay local, divided by the set size with scale_local_gradients)."""
+    if local_layers is None:
+        local_layers = []
+    elif not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    distributed = _create(keras, ops, optimizer, name, compression, sparse_as_dense, gradient_predivide_factor, op,
+                          backward_passes_per_step, average_aggregated_gradients, process_set)
+    distributed._trainrun.scale_local = scale_local_gradients
+    for layer in local_layers:
+        for v in layer.trainable_weights:
+            distributed.register_local_var(v)
+    return distributed
+
+
+def _create(keras, ops, optimizer, name, compression, sparse_as_dense, gradient_predivide_factor, op,
+            backward_passes_per_step, average_aggregated_gradients, process_set):
     if not isinstance(optimizer, keras.optimizers.Optimizer) and not _is_legacy(keras, optimizer):
         raise ValueError(f"DistributedOptimizer needs a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     defaults = settings(ops, compression, backward_passes_per_step, average_aggregated_gradients, op,

@@ -73,5 +73,7 @@ def raising(fn):
         except CAUGHT as e:
             raise as_tf_error(e) from None
     wrapper.__name__, wrapper.__qualname__, wrapper.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-    wrapper.__module__, wrapper.__wrapped__ = fn.__module__, fn
-    return wrapper
+    wrapper.__module__ = fn.__module__
+    # no __wrapped__: autograph would convert `fn`'s source and call it with the wrapper's arguments; the
+    # ops are plain Python that builds graph nodes, so autograph leaves them alone
+    return tf.autograph.experimental.do_not_convert(wrapper)

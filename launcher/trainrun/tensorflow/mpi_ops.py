@@ -19,6 +19,7 @@ back by the received splits. Eagerly the gradient is recorded only while a tape 
 from __future__ import annotations
 
 import re
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -69,9 +70,19 @@ def _eager() -> bool:
 
 
 def _graph_name(kind: str, name, tensor) -> str:
+    """An explicit name as it is; else `kind`.<input tensor's name>, made unique in the graph (as TF makes
+    Horovod's op names unique): two collectives of one tensor in a graph may be in flight together.
+    Graphs are built alike on every rank, so every rank picks the same names."""
     if name is not None:
         return name
-    return f"{kind}.{_UNSAFE.sub('_', tensor.name)}"
+    base = f"{kind}.{_UNSAFE.sub('_', tensor.name)}"
+    used = _GRAPH_NAMES.setdefault(tensor.graph, {})
+    count = used.get(base, 0)
+    used[base] = count + 1
+    return base if count == 0 else f"{base}_{count}"
+
+
+_GRAPH_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> {name: times used}
 
 
 def _pyfunc(fn, inputs, tout, op_name):
@@ -224,6 +235,23 @@ def _reducescatter(tensor, name, op, pre, post, process_set):
     return out
 
 
+def _in_order(thunks) -> list:
+    """The results of `thunks` (each builds collectives), called in order; in a graph each one's nodes
+    run only after the previous one's results exist. Independent collectives in one graph otherwise run
+    in whatever order TF's executor picks on each rank, each blocking an inter-op thread until the
+    other ranks reach it: more of them than threads can wait on each other for good."""
+    outs, after = [], []
+    for thunk in thunks:
+        if after and not _eager():
+            with tf.control_dependencies(after):
+                out = thunk()
+        else:
+            out = thunk()
+        outs.append(out)
+        after = [t for t in tf.nest.flatten(out, expand_composites=True) if isinstance(t, tf.Tensor)]
+    return outs
+
+
 def _check_sparse(op, prescale_factor, postscale_factor) -> None:
     """Horovod's refusals for tf.IndexedSlices (which are gathered, not reduced)."""
     if op not in (Average, Sum):
@@ -260,9 +288,10 @@ def _allreduce_any(tensor, average, compression, op, prescale_factor, postscale_
     op = _check_op(handle_average_backwards_compatibility(op, average))
     if isinstance(tensor, tf.IndexedSlices):
         _check_sparse(op, prescale_factor, postscale_factor)
-        values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
-        indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices",
-                            process_set=process_set)
+        values, indices = _in_order([
+            lambda: allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set),
+            lambda: allgather(tensor.indices, name=None if name is None else f"{name}.indices",
+                              process_set=process_set)])
         if op == Average:
             values = values / tf.cast(_set_rank(process_set)[1], values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
@@ -287,12 +316,13 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         _check_sparse(op, prescale_factor, postscale_factor)
         dense = [i for i in range(len(tensors)) if i not in sparse]
         out = [None] * len(tensors)
-        for i, r in zip(dense, grouped_allreduce([tensors[i] for i in dense], compression=compression, op=op,
-                                                 name=name, process_set=process_set)):
+        reduced, *gathered = _in_order(
+            [lambda: grouped_allreduce([tensors[i] for i in dense], compression=compression, op=op, name=name,
+                                       process_set=process_set)]
+            + [lambda i=i: allreduce(tensors[i], op=op, name=None if name is None else f"{name}.sparse.{i}",
+                                     process_set=process_set) for i in sparse])
+        for i, r in zip(dense + sparse, list(reduced) + gathered):
             out[i] = r
-        for i in sparse:
-            out[i] = allreduce(tensors[i], op=op, name=None if name is None else f"{name}.sparse.{i}",
-                               process_set=process_set)
         return out
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     pairs = [compression.compress(t) for t in tensors]
@@ -313,8 +343,9 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     tensor = tf.convert_to_tensor(tensor)
 
     def backward(dy):
-        dy = _allreduce(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0, process_set)
-        dims = _allgather(tf.reshape(tf.shape(tensor, out_type=tf.int64)[0], [1]), None, process_set)
+        dy, dims = _in_order([
+            lambda: _allreduce(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0, process_set),
+            lambda: _allgather(tf.reshape(tf.shape(tensor, out_type=tf.int64)[0], [1]), None, process_set)])
         me = _set_rank(process_set)[0]
         offset = tf.reduce_sum(dims[:me])
         return dy[offset:offset + tf.shape(tensor, out_type=tf.int64)[0]]
@@ -356,15 +387,16 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set) -> list:
     """allgather of each tensor of a list (named `name`.i when named). Differentiable."""
-    return [allgather(t, name=None if name is None else f"{name}.{i}", process_set=process_set)
-            for i, t in enumerate(tensors)]
+    return _in_order([lambda i=i, t=t: allgather(t, name=None if name is None else f"{name}.{i}",
+                                                 process_set=process_set) for i, t in enumerate(tensors)])
 
 
 def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average,
                           process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0) -> list:
     """reducescatter of each tensor of a list. Differentiable."""
-    return [reducescatter(t, compression=compression, op=op, process_set=process_set,
-                          prescale_factor=prescale_factor, postscale_factor=postscale_factor) for t in tensors]
+    return _in_order([lambda t=t: reducescatter(t, compression=compression, op=op, process_set=process_set,
+                                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                      for t in tensors])
 
 
 def _alltoall(tensor, splits, name, process_set):

@@ -34,12 +34,15 @@ allreduce, allgather, broadcast, reducescatter = _ops.allreduce, _ops.allgather,
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=global_process_set):
+                         groups=None, process_set=global_process_set, local_layers=None,
+                         scale_local_gradients=True):
     """A copy of `optimizer` (a tf.keras optimizer) whose updates use gradients reduced over all ranks
-    (see trainrun._keras.optimizer). `device_*` are accepted and ignored; all gradients travel as one group."""
+    (see trainrun._keras.optimizer), except `local_layers`' (kept local; register_local_var adds more).
+    `device_*` are accepted and ignored; all gradients travel as one group."""
     return _impl.create_distributed_optimizer(keras, _ops, optimizer, name, compression, sparse_as_dense,
                                               gradient_predivide_factor, op, backward_passes_per_step,
-                                              average_aggregated_gradients, process_set)
+                                              average_aggregated_gradients, process_set, local_layers,
+                                              scale_local_gradients)
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
@@ -47,9 +50,11 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
                                 groups=None, process_set=global_process_set, local_layers=None,
                                 scale_local_gradients=True):
-    """Horovod's DistributedOptimizer that keeps `local_layers`' gradients local: not in trainrun yet."""
-    raise NotImplementedError("trainrun.tensorflow.keras.PartialDistributedOptimizer (variables that stay local) is "
-                              "not implemented yet; use hvd.PartialDistributedGradientTape in a custom training loop")
+    """DistributedOptimizer whose gradients of `local_layers`' trainable weights stay local (Horovod's)."""
+    return DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                gradient_predivide_factor, op, backward_passes_per_step, average_aggregated_gradients,
+                                groups=groups, process_set=process_set, local_layers=local_layers,
+                                scale_local_gradients=scale_local_gradients)
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set):
