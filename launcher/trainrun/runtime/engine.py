@@ -134,6 +134,8 @@ class Engine(LoneOp, Driver, Completion):
         self._cache = ResponseCache(capacity)
         self._partial_since: float | None = None  # rank 0: since when some cached op is ready on some ranks only
         self._shutdown_ok = False
+        self._shutdown_begun = False
+        self._shutdown_req: Request | None = None
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
         self._thread.start()
@@ -257,16 +259,31 @@ class Engine(LoneOp, Driver, Completion):
                 self._done_cv.wait(seconds)
                 self._sleepers -= 1
 
+    def begin_shutdown(self) -> None:
+        """Announce this rank's shutdown without waiting for it: from then on the other ranks' ops
+        this rank never joined fail at once (negotiation.py: it left). Idempotent; shutdown() calls
+        it. state.shutdown begins every engine's before waiting for any, so that a rank waiting in
+        one engine's shutdown never owes the others an op of another engine's."""
+        if self._thread is None or self._shutdown_begun:
+            return
+        self._shutdown_begun = True
+        req = Request("shutdown", SHUTDOWN_NAME)
+        try:
+            self.submit([req])
+            self._shutdown_req = req
+        except HorovodInternalError:  # closed already (broken, aborted): nothing to wait for
+            pass
+
     def shutdown(self) -> None:
         """Collective shutdown; idempotent. Fails what is still outstanding with HorovodInternalError."""
         if self._thread is None:
             return
-        req = Request("shutdown", SHUTDOWN_NAME)
-        try:
-            self.submit([req])
-            self.wait(req.handle)
-        except HorovodInternalError:
-            pass
+        self.begin_shutdown()
+        if self._shutdown_req is not None:
+            try:
+                self.wait(self._shutdown_req.handle)
+            except HorovodInternalError:
+                pass
         with self._cv:
             self._closed = True
             self._cv.notify_all()

@@ -80,7 +80,10 @@ def _report_settings(settings: horovod_env.Settings, engine) -> None:
 
 def shutdown() -> None:
     """Collective; fails outstanding handles; init() may be called again afterwards."""
-    for engine in RUNTIME.take_engines():
+    engines = RUNTIME.take_engines()
+    for engine in engines:  # every engine's at once (Engine.begin_shutdown), then wait for each
+        engine.begin_shutdown()
+    for engine in engines:
         engine.shutdown()
 
 

@@ -3,9 +3,12 @@
 After `DIR MODE`, every rank records its pid (DIR/pid.RANK, JSON like workers/job.py), does one
 allreduce, then:
 
-  leave HOW R   rank R leaves while the others wait in allreduce 'x', which they do not catch:
+  leave HOW R [set]
+                rank R leaves while the others wait in allreduce 'x', which they do not catch:
                 HOW is `return` (its program ends), `exit0` / `exit1` (sys.exit), `caught` (it catches
-                an exception and ends) or `os_exit0` (os._exit(0): no runtime shutdown at all)
+                an exception and ends) or `os_exit0` (os._exit(0): no runtime shutdown at all); with
+                `set`, ranks R and R+1 first use a process set of their own (R's exit-time shutdown of
+                that set must not wait for R+1, which waits in 'x')
   loop          every rank runs allreduces of 1000 float32 named 'step' until it is killed (the test
                 stops one of them with SIGSTOP)
 """
@@ -47,6 +50,10 @@ hvd.allreduce(np.ones(4), name="warm-up")
 record()
 if mode == "leave":
     how, leaver = sys.argv[3], int(sys.argv[4])
+    if sys.argv[5:] == ["set"]:
+        pair = hvd.add_process_set([leaver, leaver + 1])
+        if hvd.rank() in (leaver, leaver + 1):
+            hvd.allreduce(np.ones(4), name="in-set", process_set=pair)
     if hvd.rank() == leaver:
         leave(how)
     else:
