@@ -106,14 +106,16 @@ def wait_gone(token: str, seconds: float = 15.0) -> list:
 
 
 def leftover_segments(stderr: str) -> list[str]:
-    """/dev/shm segments of the jobs a `trainrun -v` run logged (`attempt N: job ID`); other users' MPI jobs
+    """/dev/shm segments (MPICH's, committed state's) of the jobs a `trainrun -v` run logged (`attempt N: job ID`); other users' MPI jobs
     (other test sessions) have their own names, so this is exact where a before/after listing is not."""
     from trainrun.mpi.shm import kvsname_for, shm_segment_pattern
+    from trainrun.run.control import state_segments
 
     jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
     assert jobs, "no job ids in the launcher's log (run it with -v)"
     patterns = [shm_segment_pattern(kvsname_for(j)) for j in jobs]
-    return [n for n in os.listdir("/dev/shm") if any(p.fullmatch(n) for p in patterns)]
+    mpich = [n for n in os.listdir("/dev/shm") if any(p.fullmatch(n) for p in patterns)]
+    return mpich + [os.path.basename(p) for j in jobs for p in state_segments(j)]
 
 
 def by_rank(lines: list[str]) -> dict[int, list[str]]:

@@ -1,26 +1,18 @@
 """The control channel (elastic/protocol.py): a rank's ControlClient against the owner's ControlServer and
-StateStore, over a real socketpair, the server driven by a selector loop on a thread (as in an agent)."""
+SegmentStore, over a real socketpair, the server driven by a selector loop on a thread (as in an agent)."""
 import selectors
 import threading
 
 import pytest
 
-from trainrun.elastic import protocol
+from trainrun.elastic import packing, shm_slot
 from trainrun.elastic.client import ControlClient
-from trainrun.run.control import ControlServer, StateStore
-
-
-def test_store_keeps_only_newer_keys():
-    store = StateStore()
-    assert store.key == protocol.NO_KEY
-    assert store.put((0, 2), b"a") and not store.put((0, 1), b"old") and not store.put((0, 2), b"same")
-    assert store.put((1, 1), b"b")  # a later attempt supersedes any count of an earlier one
-    assert (store.key, store.blob) == ((1, 1), b"b")
+from trainrun.run.control import ControlServer, SegmentStore
 
 
 @pytest.fixture
-def channel():
-    store, sel = StateStore(), selectors.DefaultSelector()
+def channel(tmp_path):
+    store, sel = SegmentStore(str(tmp_path)), selectors.DefaultSelector()
     server = ControlServer(store)
     theirs = server.child_end(0, sel)
     stop = threading.Event()
@@ -38,23 +30,35 @@ def channel():
     t.join()
     server.release(sel)
     client.sock.close()
+    store.remove()
 
 
-def test_commit_then_key_and_get_round_trip(channel):
+def test_segment_requests_make_grow_and_name_the_file(channel, tmp_path):
     client, _, store = channel
-    assert client.key() == protocol.NO_KEY
-    blob = bytes(range(256)) * 20000  # 5 MiB: many reads on both ends
-    client.commit((0, 3), blob)
-    assert store.key == (0, 3) and store.blob == blob  # held once commit() returned
-    assert client.key() == (0, 3)
-    assert client.get() == ((0, 3), blob)
+    assert client.segment(0) == ""                  # nothing made yet: nothing is made for a look
+    path = client.segment(5 << 20)
+    assert path.startswith(str(tmp_path)) and store.path == path and store.capacity >= 5 << 20
+    seg = shm_slot.Segment(path)                    # the rank writes it; the owner holds the file
+    seg.write((0, 1), packing.pack({"x": 1}))
+    seg.close()
+    assert client.segment(0) == path and client.segment(1 << 20) == path
+    bigger = client.segment(store.capacity + 1)
+    assert bigger != path and [p.name for p in tmp_path.iterdir()] == [bigger.rsplit("/", 1)[1]]
+    assert shm_slot.Segment(bigger).newest()[1].key == (0, 1)
+
+
+def test_a_segment_that_cannot_be_made_is_a_one_line_error(channel):
+    client, _, store = channel
+    store.prefix = "/nonexistent-dir/trainrun_state_1_"
+    with pytest.raises(RuntimeError, match=r"^trainrun: cannot make a 1 MiB committed-state segment in .*No such file"):
+        client.segment(1 << 20)
 
 
 def test_updates_are_queued_around_requests(channel):
     client, server, _ = channel
     assert client.updates() == []
     server.notify({"ts": 1.5, "removed": False})
-    assert client.key() == protocol.NO_KEY  # the notice arrived first; the reply is still found
+    assert client.segment(0) == ""  # the notice arrived first; the reply is still found
     server.notify({"ts": 2.5, "removed": True})
     assert client.updates() == [{"ts": 1.5, "removed": False}, {"ts": 2.5, "removed": True}]
     assert client.updates() == []

@@ -16,7 +16,8 @@ Watchdog kills it and its ranks. HELLO carries the agent's pid and start time, s
 kill this agent's tree over a fresh connection when it stops answering (run/reaper.py's main).
 When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
 cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
-restart) or EOF, keeping its host's committed state (run/control.py) in memory across attempts.
+restart) or EOF, keeping its host's committed-state segment (run/control.py) across attempts; it removes the
+segment when it exits, and its Watchdog does if it is killed.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class Agent:
         self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
         self.elastic = False
         self.restartable = False  # a parameter-server job's host: stay until the launcher closes the channel
-        self.control = None  # an elastic job's ControlServer; its StateStore lives as long as the agent
+        self.control = None  # an elastic job's ControlServer; its SegmentStore lives as long as the agent
         self._last_heard = self._last_beat = time.monotonic()
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
@@ -138,9 +139,12 @@ class Agent:
         self.elastic = job.elastic
         self.restartable = job.restartable
         if job.elastic and self.control is None:
-            from trainrun.run.control import ControlServer, StateStore
+            from trainrun.run.control import ControlServer, SegmentStore
 
-            self.control = ControlServer(StateStore())
+            self.control = ControlServer(SegmentStore())
+            watchdog.unlink_on_death(self.control.store.prefix)  # the state segments, if this agent is killed
+        if self.control is not None and job.procs:  # new segments are named after the attempt's job
+            self.control.store.job_id = job.procs[0].env.get("TRAINRUN_JOB_ID", "nojob")
         # .py programs run on the agent's interpreter (the launcher's path may not exist here)
         specs = [replace(s, argv=(sys.executable, *s.argv[1:])) if s.argv and s.argv[0] == job.python else s
                  for s in job.procs]
@@ -208,6 +212,8 @@ class Agent:
                 self.ranks.kill()
                 self.ranks.close(self.sel)
             watchdog.close()
+            if self.control is not None:
+                self.control.store.remove()
             if self.kvsname:
                 from trainrun.mpi.shm import remove_shm_segments
 

@@ -1,5 +1,6 @@
-"""The rank's end of the control channel (protocol.py): commit a state copy to the host's agent, ask for
-the copy it holds, and collect the launcher's host-update notices. Stdlib only; blocking requests.
+"""The rank's end of the control channel (protocol.py): ask the host's agent for the committed-state
+segment (its path; the rank maps it: shm_slot.py), and collect the launcher's host-update notices. Stdlib
+only; blocking requests.
 """
 from __future__ import annotations
 
@@ -43,17 +44,14 @@ class ControlClient:
             self._take(self.reader.feed(data))
         return self._replies.pop(0)
 
-    def commit(self, key: tuple[int, int], blob: bytes) -> None:
-        """Leave `blob` with the agent under `key`; returns once the agent holds it."""
-        self._request(protocol.COMMIT, protocol.pack_key(key) + blob)
-
-    def key(self) -> tuple[int, int]:
-        """The key of the copy the agent holds (protocol.NO_KEY: none)."""
-        return protocol.unpack_key(self._request(protocol.KEY)[1])
-
-    def get(self) -> tuple[tuple[int, int], bytes]:
-        payload = self._request(protocol.GET)[1]
-        return protocol.unpack_key(payload), payload[protocol.KEY_STRUCT.size:]
+    def segment(self, min_capacity: int = 0) -> str:
+        """The path of this host's committed-state segment, with slots of at least `min_capacity` bytes
+        (the owner creates or grows it); min_capacity 0: the current one, "" when there is none.
+        RuntimeError with the owner's one-line reason when it cannot (e.g. /dev/shm is full)."""
+        kind, payload = self._request(protocol.SEGMENT, protocol.SIZE_STRUCT.pack(min_capacity))
+        if kind == protocol.ERROR:
+            raise RuntimeError(payload.decode(errors="replace"))
+        return payload.decode()
 
     def updates(self) -> list[dict]:
         """Host-update notices received so far (read without blocking), oldest first; clears the queue."""

@@ -4,10 +4,12 @@ trainrun's ranks use MPICH, whose world cannot lose a member and go on: after a 
 every rank and starts a new set on the hosts that remain (docs/architecture.md, "Elastic jobs"). What
 Horovod does inside one process, trainrun does across processes:
 
-    state.commit()     save() the state in memory, leave a copy with this host's agent (local rank 0 of each
-                       host; the copy outlives the ranks), then check_host_updates()
-    state.sync()       at the start of every attempt: the newest copy any host's agent holds (or rank 0's own
-                       state when there is none) is broadcast from the lowest rank holding it and loaded
+    state.commit()     save() the state; local rank 0 of each host writes it into the host's committed-state
+                       segment (a /dev/shm file the agent owns: the copy outlives the ranks; shm_slot.py), at
+                       memory speed (arrays and tensors as raw bytes: packing.py); then check_host_updates()
+    state.sync()       at the start of every attempt: the newest complete copy any host's segment holds (or
+                       rank 0's own state when there is none) is read by the lowest rank on such a host,
+                       broadcast and loaded
     state.restore()    back to the last save()/commit() of this process
     @run               sync(), then the reset callbacks when this is a restart (TRAINRUN_RESTART_COUNT > 0:
                        the world has a new size), then the function. HostsUpdatedInterrupt (the launcher said
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
 import sys
 
 from trainrun.elastic import protocol
@@ -49,8 +50,15 @@ def _runtime():
 
 
 class State:
-    """A state that can be committed, restored and synced. Subclasses define `serialize()` -> bytes and
-    `deserialize(bytes)`; `save`/`restore`/`commit`/`sync` are built on them."""
+    """A state that can be committed, restored and synced. Subclasses define `snapshot()` -> one picklable
+    object (NumPy arrays and CPU torch tensors in it are stored as raw bytes: packing.py) and `load(obj)`;
+    `save`/`restore`/`commit`/`sync` are built on them. (A subclass may define `serialize()` -> bytes and
+    `deserialize(bytes)` instead: the defaults of snapshot/load call them.)
+
+    Where copies live: save() packs the state into a buffer of this process (reused, so a save costs about
+    a memcpy). commit() on the rank that keeps the host's copy (local rank 0, under an elastic trainrun)
+    packs it straight into the host's committed-state segment instead (shm_slot.py; the agent owns the
+    file, so the copy outlives the rank), and restore() then reads it back from there."""
 
     def __init__(self):
         from trainrun.elastic.client import ControlClient
@@ -58,11 +66,21 @@ class State:
         self._reset_callbacks: list = []
         self._client = ControlClient.from_env()
         self._count = 0                 # commits in this state's lineage (the key's second half)
-        self._saved: bytes | None = None
+        self._saved = None              # the last save()/commit(): a packed payload (uint8 array) or _IN_SEGMENT
+        self._buf = None                # save()'s reusable buffer
+        self._segment = None            # the host's committed-state segment (shm_slot.Segment), when mapped
         self._last_update = 0.0         # timestamp of the last host update acted on
         self._pushed = False            # the current state is with the agent (commit() is raising)
 
     # what subclasses define
+    def snapshot(self):
+        """The state as one picklable object (not copied: commit/save copy it at once)."""
+        return self.serialize()
+
+    def load(self, obj) -> None:
+        """Make the state what snapshot() returned (`obj` is this process's own copy)."""
+        self.deserialize(obj)
+
     def serialize(self) -> bytes:
         raise NotImplementedError
 
@@ -80,26 +98,57 @@ class State:
             callback()
 
     def save(self) -> None:
-        self._saved = self.serialize()
+        """Keep a copy of the state in this process (restore() goes back to it)."""
+        from trainrun.elastic import packing
+
+        packed = packing.pack(self.snapshot())
+        if self._buf is None or self._buf.size < packed.size:
+            import numpy as np
+
+            self._buf = np.empty(packed.size + packed.size // 4, dtype=np.uint8)
+        packed.write_into(self._buf)
+        self._saved = self._buf[:packed.size]
 
     def restore(self) -> None:
         """Back to the last save()/commit() (or sync())."""
-        if self._saved is not None:
-            self.deserialize(self._saved)
+        from trainrun.elastic import packing
+
+        if self._saved is _IN_SEGMENT:
+            found = self._segment.newest()
+            if found is not None:
+                self.load(packing.unpack(self._segment.payload(found[0])))
+        elif self._saved is not None:
+            self.load(packing.unpack(self._saved))
 
     def commit(self) -> None:
-        """save(), leave the copy with this host's agent (returns once it holds it), check_host_updates()."""
-        self.save()
-        self._count += 1
-        self._push()
+        """save(), leave the copy with this host's agent (in its segment), check_host_updates()."""
+        self._commit_copy()
         self._pushed = True
         self.check_host_updates()
         self._pushed = False
 
-    def _push(self) -> None:
-        rt = _runtime()
-        if self._client is not None and rt.local_rank() == 0:
-            self._client.commit((restart_count(), self._count), self._saved)
+    def _commit_copy(self) -> None:
+        self._count += 1
+        if self._client is None or _runtime().local_rank() != 0:
+            self.save()
+            return
+        from trainrun.elastic import packing
+
+        packed = packing.pack(self.snapshot())
+        self._writable_segment(packed.size).write((restart_count(), self._count), packed)
+        self._saved = _IN_SEGMENT
+
+    def _writable_segment(self, size: int):
+        """The host's segment, mapped, with slots of at least `size` bytes (the agent grows it if needed)."""
+        from trainrun.elastic import shm_slot
+
+        if self._segment is not None and self._segment.capacity >= size:
+            return self._segment
+        path = self._client.segment(size)
+        if self._segment is not None:
+            self._segment.close()
+        self._segment = shm_slot.Segment(path)
+        return self._segment
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank at once if the launcher said the hosts changed
@@ -114,21 +163,47 @@ class State:
         if last > prev:
             raise HostsUpdatedInterrupt(skip_sync=not removed)
 
+    def _held_here(self):
+        """(key, slot) of the newest complete copy in this host's segment (checked), or (NO_KEY, None)."""
+        from trainrun.elastic import shm_slot
+
+        if self._client is None or _runtime().local_rank() != 0:
+            return protocol.NO_KEY, None
+        if self._segment is None:
+            path = self._client.segment(0)
+            if not path:
+                return protocol.NO_KEY, None
+            self._segment = shm_slot.Segment(path)
+        found = self._segment.newest()
+        return (found[1].key, found[0]) if found is not None else (protocol.NO_KEY, None)
+
     def sync(self) -> None:
-        """Every rank gets the newest committed state any host holds (rank 0's own state if none)."""
+        """Every rank gets the newest committed state any host holds (rank 0's own state if none): the
+        lowest rank whose host holds it reads it from its segment and broadcasts the bytes."""
+        import numpy as np
+
+        from trainrun.elastic import packing
+
         rt = _runtime()
-        mine = self._client.key() if self._client is not None and rt.local_rank() == 0 else protocol.NO_KEY
+        mine, slot = self._held_here()
         keys = [tuple(k) for k in rt.allgather_object(mine)]
         best = max(keys)
         root = keys.index(best) if best != protocol.NO_KEY else 0
-        blob = None
+        data = np.empty(0, dtype=np.uint8)
         if rt.rank() == root:
-            blob = self._client.get()[1] if best != protocol.NO_KEY else self.serialize()
-        blob = rt.broadcast_object(blob, root_rank=root)
-        self.deserialize(blob)
-        self._saved = blob
+            data = (self._segment.payload(slot).copy() if best != protocol.NO_KEY
+                    else packing.pack(self.snapshot()).to_array())
+        n = rt.broadcast(np.array([data.size], dtype=np.int64), root_rank=root)
+        if rt.rank() != root:
+            data = np.empty(int(n[0]), dtype=np.uint8)
+        data = rt.broadcast(data, root_rank=root)
+        self.load(packing.unpack(data))
+        self._saved = data
         if best != protocol.NO_KEY:
             self._count = best[1]
+
+
+_IN_SEGMENT = object()  # State._saved: the last commit, read back from the host's segment
 
 
 class ObjectState(State):
@@ -140,11 +215,11 @@ class ObjectState(State):
             setattr(self, name, value)
         super().__init__()
 
-    def serialize(self) -> bytes:
-        return pickle.dumps({n: getattr(self, n) for n in self._names})
+    def snapshot(self) -> dict:
+        return {n: getattr(self, n) for n in self._names}
 
-    def deserialize(self, data: bytes) -> None:
-        for name, value in pickle.loads(data).items():
+    def load(self, obj: dict) -> None:
+        for name, value in obj.items():
             setattr(self, name, value)
 
 
@@ -166,9 +241,7 @@ def run(func):
             return func(state, *args, **kwargs)
         except HostsUpdatedInterrupt:
             if not state._pushed:  # raised by check_host_updates() outside commit(): keep where we are
-                state.save()
-                state._count += 1
-                state._push()
+                state._commit_copy()
             _leave_for_reset()
 
     return wrapper

@@ -3,7 +3,7 @@
 An attempt is an ordinary Job (run/attempt.py's AttemptJob) planned by the one planner on the hosts the
 policy picks (run/elastic_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
 restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
-the ranks committed with them (run/control.py). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
+the ranks committed with them (run/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
 
     failure   a rank or host failed: record it (FailureRecord), cool the host down (elastic sizing), and
               restart after a back-off -- unless every rank failed the same way at start-up (a restart
@@ -54,7 +54,7 @@ def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
 class ElasticLoop:
     def __init__(self, cfg: LaunchConfig, settings: ElasticSettings, source: LiveHosts, origin=None):
         """`origin`: fanout.select's HostSource (where the hosts come from, which engine reaches them)."""
-        from trainrun.run.control import ControlServer, StateStore
+        from trainrun.run.control import ControlServer, SegmentStore
 
         self.cfg, self.settings, self.source, self.origin = cfg, settings, source, origin
         self.book = HostBook(settings.cooldown)
@@ -65,7 +65,7 @@ class ElasticLoop:
         self.failures: list[FailureRecord] = []
         self.restarts = 0       # restarts after failures (what --max-restarts limits)
         self.attempt = 0        # attempts started so far - 1: TRAINRUN_RESTART_COUNT
-        self.control = ControlServer(StateStore())  # this machine's ranks' committed state
+        self.control = ControlServer(SegmentStore())  # this machine's ranks' committed-state segment
         self.engine = self.pool = None
         self.nics: tuple[str, ...] | None = None
         self.local_facts = None
@@ -73,8 +73,13 @@ class ElasticLoop:
 
     # the loop
     def run(self) -> int:
+        from trainrun.run import reaper  # noqa: F401  (imported before the fork: the guardian needs it)
+        from trainrun.run.watchdog import Watchdog
+
         caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         old = {s: signal.signal(s, _raise_interrupt) for s in caught}
+        guard = Watchdog()  # if this launcher is killed, the guardian removes this machine's state segments
+        guard.unlink_on_death(self.control.store.prefix)
         try:
             return self._loop()
         except _Interrupted as it:
@@ -87,6 +92,8 @@ class ElasticLoop:
                 self.pool.close()
             if self.engine is not None:
                 self.engine.close()
+            self.control.store.remove()
+            guard.close()
 
     def _loop(self) -> int:
         short_since: float | None = None
@@ -167,6 +174,7 @@ class ElasticLoop:
         by_host, mpi = plan.by_host(), cfg.mpi != "none"
         log.info("attempt %d: job %s, %d rank(s) on %s", self.attempt, plan.job.job_id, len(plan.procs),
                  ", ".join(by_host))
+        self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         local = [p for p in plan.procs if p.host not in agents]
         groups = [LocalRanks(local, pmi=mpi, control=self.control)] if local else []
         forward = forwarded_env(os.environ)

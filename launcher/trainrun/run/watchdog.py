@@ -9,7 +9,8 @@ setsid` daemons: no mark, no group) are its children; once the owner dies they a
 and look like anyone's. So the guardian looks at the owner's adopted children every POLL_S seconds and
 remembers them (pid and start time). If the owner dies, the pipe reaches EOF and the guardian stops and
 SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
-ranks' whole trees), then every process carrying the mark. `close()` tells it the job ended cleanly.
+ranks' whole trees), then every process carrying the mark, then unlinks the files it was told of
+(`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
 
 `stop_limit(s)` (agents): also do all that, and SIGKILL the owner, when the owner has been stopped
 (SIGSTOP, state T) for `s` seconds: a stopped agent cannot act on a launcher's silence, and the
@@ -41,6 +42,11 @@ class Watchdog:
     def mark(self, job_id: str, hosts: list[str]) -> None:
         """Also kill every process of job `job_id` on `hosts` (reaper.py) if the owner dies."""
         os.write(self._w, ("j" + "\t".join([job_id, *hosts]) + "\n").encode())
+
+    def unlink_on_death(self, prefix: str) -> None:
+        """Also unlink every file whose path starts with `prefix` (a committed-state owner's /dev/shm
+        segments: run/control.py) if the owner dies."""
+        os.write(self._w, ("u" + prefix + "\n").encode())
 
     def stop_limit(self, seconds: float) -> None:
         """Also act (and kill the owner) once the owner has been stopped for `seconds`."""
@@ -74,7 +80,7 @@ def _guard(r: int) -> None:
 
         me = reaper.stat(os.getpid())
         since = me.start if me else 0  # forked before any rank: the job's processes are younger
-        groups, marks, buf = set(), set(), b""
+        groups, marks, unlinks, buf = set(), set(), set(), b""
         adopted: dict[int, int] = {}  # pid -> start of the owner's adopted children seen so far
         limit, stopped_since, kill_owner = None, None, False
         while True:
@@ -91,6 +97,8 @@ def _guard(r: int) -> None:
                         marks.add(tuple(line[1:].decode().split("\t")))
                     elif line.startswith(b"s"):
                         limit = float(line[1:])
+                    elif line.startswith(b"u"):
+                        unlinks.add(line[1:].decode())
                     else:
                         groups.add(int(line[1:]))
             if not groups:
@@ -121,5 +129,13 @@ def _guard(r: int) -> None:
                 pass
         for job_id, *hosts in marks:
             reaper.sweep(job_id, hosts)
+        for prefix in unlinks:  # after the kills: no rank writes them any more
+            d, base = os.path.split(prefix)
+            for name in os.listdir(d or "."):
+                if name.startswith(base):
+                    try:
+                        os.unlink(os.path.join(d, name))
+                    except OSError:
+                        pass
     finally:
         os._exit(0)

@@ -9,13 +9,11 @@ keep a state's epoch and batch and commit it during `fit`.
         model.fit(..., initial_epoch=state.epoch, callbacks=[hvd.elastic.UpdateEpochStateCallback(state),
                                                              hvd.elastic.CommitStateCallback(state)])
 
-Variables are serialized as NumPy arrays (pickle), so a state committed by one attempt loads in the next one's
-fresh process. An optimizer that has not made its variables yet (a new process before its first step) is
-built on the model's trainable variables first.
+Variables are handed over as NumPy arrays, which a commit copies as raw bytes (trainrun.elastic.packing), so a
+state committed by one attempt loads in the next one's fresh process. An optimizer that has not made its
+variables yet (a new process before its first step) is built on the model's trainable variables first.
 """
 from __future__ import annotations
-
-import pickle
 
 import tensorflow as tf
 
@@ -45,18 +43,16 @@ class TensorFlowState(ObjectState):
             return self.session.run(self.variables)
         return [v.numpy() for v in self.variables]
 
-    def serialize(self) -> bytes:
-        return pickle.dumps({"variables": self._values(), "objects": {n: getattr(self, n) for n in self._names}})
+    def snapshot(self) -> dict:
+        return {"variables": self._values(), "objects": super().snapshot()}
 
-    def deserialize(self, data: bytes) -> None:
-        doc = pickle.loads(data)
+    def load(self, doc: dict) -> None:
         for var, value in zip(self.variables, doc["variables"]):
             if self.session is not None:
                 var.load(value, self.session)
             else:
                 var.assign(value)
-        for name, value in doc["objects"].items():
-            setattr(self, name, value)
+        super().load(doc["objects"])
 
 
 class TensorFlowKerasState(ObjectState):
@@ -68,21 +64,18 @@ class TensorFlowKerasState(ObjectState):
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         super().__init__(**kwargs)
 
-    def serialize(self) -> bytes:
+    def snapshot(self) -> dict:
         opt = [v.numpy() for v in _optimizer_variables(self.optimizer)] if self.optimizer is not None else []
-        return pickle.dumps({"model": self.model.get_weights(), "optimizer": opt,
-                             "objects": {n: getattr(self, n) for n in self._names}})
+        return {"model": self.model.get_weights(), "optimizer": opt, "objects": super().snapshot()}
 
-    def deserialize(self, data: bytes) -> None:
-        doc = pickle.loads(data)
+    def load(self, doc: dict) -> None:
         self.model.set_weights(doc["model"])
         if self.optimizer is not None and doc["optimizer"]:
             if len(_optimizer_variables(self.optimizer)) != len(doc["optimizer"]):
                 self.optimizer.build(self.model.trainable_variables)  # a fresh process: no slots yet
             for var, value in zip(_optimizer_variables(self.optimizer), doc["optimizer"]):
                 var.assign(value)
-        for name, value in doc["objects"].items():
-            setattr(self, name, value)
+        super().load(doc["objects"])
 
 
 class CommitStateCallback(tf.keras.callbacks.Callback):

@@ -13,8 +13,6 @@
 """
 from __future__ import annotations
 
-import io
-
 import torch
 
 from trainrun.elastic.state import HostsUpdatedInterrupt, ObjectState, State, restart_count, run
@@ -25,27 +23,23 @@ __all__ = ["HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "Stat
 
 class TorchState(ObjectState):
     """A model's and an optimizer's state_dicts plus plain values (`**kwargs`, as ObjectState), committed and
-    synced together as one torch.save blob."""
+    synced together; their CPU tensors are copied as raw bytes (trainrun.elastic.packing), the rest pickled."""
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None, **kwargs):
         self.model = model
         self.optimizer = optimizer
         super().__init__(**kwargs)
 
-    def serialize(self) -> bytes:
-        buf = io.BytesIO()
-        torch.save({
+    def snapshot(self) -> dict:
+        return {
             "model": self.model.state_dict() if self.model is not None else None,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
-            "objects": {n: getattr(self, n) for n in self._names},
-        }, buf)
-        return buf.getvalue()
+            "objects": super().snapshot(),
+        }
 
-    def deserialize(self, data: bytes) -> None:
-        doc = torch.load(io.BytesIO(data), weights_only=False)  # our own blob: plain values included
+    def load(self, obj: dict) -> None:
         if self.model is not None:
-            self.model.load_state_dict(doc["model"])
+            self.model.load_state_dict(obj["model"])
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(doc["optimizer"])
-        for name, value in doc["objects"].items():
-            setattr(self, name, value)
+            self.optimizer.load_state_dict(obj["optimizer"])
+        super().load(obj["objects"])

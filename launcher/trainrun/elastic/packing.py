@@ -1,0 +1,148 @@
+"""A state as raw bytes plus a small pickled index: the payload of a commit (shm_slot.py) and of save().
+
+pack(obj) walks `obj` with a pickler whose persistent_id takes out every array whose bytes can be copied
+as they lie: a NumPy ndarray (exact type, no Python objects inside, C or Fortran contiguous) and a torch
+Tensor (exact type, CPU, strided, contiguous, not quantized). TensorFlow variables reach it as the NumPy
+arrays their states hand over. The pickle (the index) holds everything else and, in place of each array,
+(kind, offset, nbytes, dtype, shape, flag). Other objects -- and arrays that do not qualify: non-contiguous
+views, GPU tensors, subclasses -- are pickled as usual.
+
+Payload layout: index length u64 | index | padding | arrays, each at a 64-byte aligned offset from the data
+start (the first 64-byte boundary after the index). unpack() copies every array out (a slot is rewritten
+two commits later; an optimizer keeps the tensors it loads), so the result owns its memory. Tensors that
+shared storage come back as separate tensors (state_dict loading copies them in place anyway).
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import sys
+
+import numpy as np
+
+_LEN = struct.Struct("<Q")
+ALIGN = 64
+PIECE = 1 << 20  # copy this much, then hash it while it is in cache
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _raw_numpy(obj):
+    """obj's bytes as a uint8 view and ('nd', dtype, shape, fortran), or None when they cannot be copied raw."""
+    if type(obj) is not np.ndarray or obj.dtype.hasobject:
+        return None
+    if obj.flags.c_contiguous:
+        return obj.reshape(-1).view(np.uint8), ("nd", obj.dtype, obj.shape, False)
+    if obj.flags.f_contiguous:
+        return obj.T.reshape(-1).view(np.uint8), ("nd", obj.dtype, obj.shape, True)
+    return None
+
+
+def _raw_torch(obj):
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Tensor:
+        return None
+    if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_quantized or not obj.is_contiguous():
+        return None
+    if obj.is_conj() or obj.is_neg():
+        return None
+    flat = obj.detach().reshape(-1).view(torch.uint8)
+    return flat.numpy(), ("pt", str(obj.dtype).removeprefix("torch."), tuple(obj.shape), obj.requires_grad)
+
+
+class Packed:
+    """A state laid out for copying: `size` bytes; write_into() copies it into a buffer."""
+
+    def __init__(self, index: bytes, arrays: list[tuple[int, np.ndarray]], data_start: int, size: int):
+        self.index, self.arrays, self.data_start, self.size = index, arrays, data_start, size
+
+    def write_into(self, dst: np.ndarray, hasher=None) -> None:
+        """Copy the payload into `dst` (uint8, at least `size` bytes); `hasher.update()` then sees every byte
+        of dst[:size] in order, each piece right after it was written (gaps: as they are in dst)."""
+        head = _LEN.pack(len(self.index)) + self.index
+        dst[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+        hashed = 0
+
+        def hash_to(end: int) -> None:
+            nonlocal hashed
+            if hasher is not None and end > hashed:
+                hasher.update(dst[hashed:end])
+            hashed = max(hashed, end)
+
+        for offset, src in self.arrays:
+            at = self.data_start + offset
+            n = src.size
+            for start in range(0, n, PIECE):
+                stop = min(n, start + PIECE)
+                np.copyto(dst[at + start:at + stop], src[start:stop])
+                hash_to(at + stop)
+        hash_to(self.size)
+
+    def to_array(self) -> np.ndarray:
+        out = np.empty(self.size, dtype=np.uint8)
+        self.write_into(out)
+        return out
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file):
+        super().__init__(file, protocol=5)
+        self.arrays: list[tuple[int, np.ndarray]] = []
+        self.end = 0
+
+    def persistent_id(self, obj):
+        if type(obj) is np.ndarray:
+            raw = _raw_numpy(obj)
+        elif type(obj).__name__ == "Tensor":
+            raw = _raw_torch(obj)
+        else:
+            return None
+        if raw is None:
+            return None
+        flat, (kind, dtype, shape, flag) = raw
+        offset = _align(self.end)
+        self.arrays.append((offset, flat))
+        self.end = offset + flat.size
+        return (kind, offset, flat.size, dtype, shape, flag)
+
+
+def pack(obj) -> Packed:
+    """Lay `obj` out (see the module doc). Arrays are referenced, not copied: write the result before they change."""
+    buf = io.BytesIO()
+    p = _Pickler(buf)
+    p.dump(obj)
+    index = buf.getvalue()
+    data_start = _align(_LEN.size + len(index))
+    return Packed(index, p.arrays, data_start, data_start + p.end)
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, data: np.ndarray):
+        super().__init__(file)
+        self.data = data
+
+    def persistent_load(self, pid):
+        kind, offset, nbytes, dtype, shape, flag = pid
+        src = self.data[offset:offset + nbytes]
+        if kind == "nd":
+            out = np.empty(shape[::-1] if flag else shape, dtype=dtype)
+            np.copyto(out.reshape(-1).view(np.uint8), src)
+            return out.T if flag else out
+        if kind == "pt":
+            import torch
+
+            out = torch.empty(shape, dtype=getattr(torch, dtype))
+            np.copyto(out.reshape(-1).view(torch.uint8).numpy(), src)
+            return out.requires_grad_(flag) if flag else out
+        raise pickle.UnpicklingError(f"unknown array kind {kind!r} in a packed state")
+
+
+def unpack(payload) -> object:
+    """The object pack() laid out into `payload` (bytes-like or a uint8 array); arrays are copied out."""
+    data = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, dtype=np.uint8)
+    (n,) = _LEN.unpack(data[:_LEN.size].tobytes())
+    index = data[_LEN.size:_LEN.size + n].tobytes()
+    return _Unpickler(io.BytesIO(index), data[_align(_LEN.size + n):]).load()
