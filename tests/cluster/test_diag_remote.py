@@ -133,3 +133,29 @@ def test_no_setsid_grandchild_left_on_any_host(cluster, tmp_path, how):
     grandchildren = [r["grandchild"] for r in recs.values()]
     assert len(grandchildren) == 6 and all(grandchildren)
     assert left_alive(grandchildren + [r["pid"] for r in recs.values()]) == []
+
+
+STALL_JOB = str(Path(__file__).parents[1] / "process" / "workers" / "stall_job.py")
+
+
+def test_a_stopped_rank_on_a_remote_host_ends_the_job_named(cluster, tmp_path):
+    """Issue 25 item 1 across hosts: rank 3 (on h2) is SIGSTOPped in an allreduce loop; the other ranks'
+    runtime reports that no round completes after the stall timeout (h1's through its agent), h2's agent
+    names the stopped rank by its /proc state in the stack report, and the job ends, exit 1, naming it."""
+    p = subprocess.Popen(argv(cluster, tmp_path, "-H", "h1:2,h2:2", sys.executable, STALL_JOB, tmp_path, "loop"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+                         env=env(TRAINRUN_STALL_TIMEOUT="3"))
+    try:
+        recs = pidfiles(tmp_path, 4)
+        time.sleep(0.5)
+        os.kill(recs[3]["pid"], signal.SIGSTOP)
+        text = p.communicate(timeout=90)[1].decode(errors="replace")
+        rc = p.returncode
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 1, text
+    assert re.search(r"^rank 3 is stopped \(state T\)$", text, re.M), text
+    assert re.search(r"^trainrun: rank 3 on h2 \(local rank 1\) is stopped \(state T\) while ranks 0-2 waited in "
+                     r"allreduce 'step' \(no collective round completed for \d+ s\)", text, re.M), text
+    assert left_alive([r["pid"] for r in recs.values()]) == []
