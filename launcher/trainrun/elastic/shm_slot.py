@@ -44,8 +44,8 @@ PIECE = 1 << 20                          # copied, then hashed while in cache
 CRC32, XXH3 = 1, 2
 NO_KEY = (-1, -1)
 
-# Test hook (tests/elastic/test_commit_kill.py): "stall" makes write() stop for good between the payload
-# and the header, so a test can SIGKILL a writer exactly there.
+# Test hook (tests/elastic/test_commit_shm.py): "stall:A:C" makes write() of key (A, C) stop for good between
+# the payload and the header, so a test can SIGKILL the writer exactly there.
 HOOK_ENV = "TRAINRUN_TEST_COMMIT_HOOK"
 
 try:
@@ -217,7 +217,7 @@ class Segment:
         hasher = _Hasher(algorithm)
         packed.write_into(self.payload(slot, packed.size), hasher)
         csum = hasher.value()
-        if os.environ.get(HOOK_ENV) == "stall":
+        if os.environ.get(HOOK_ENV) == f"stall:{key[0]}:{key[1]}":
             import sys
             import time
 

@@ -9,8 +9,8 @@ setsid` daemons: no mark, no group) are its children; once the owner dies they a
 and look like anyone's. So the guardian looks at the owner's adopted children every POLL_S seconds and
 remembers them (pid and start time). If the owner dies, the pipe reaches EOF and the guardian stops and
 SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
-ranks' whole trees), then every process carrying the mark, then unlinks the files it was told of
-(`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
+ranks' whole trees), then every process carrying the mark, then unlinks the marked job's MPICH segments
+(mpi/shm.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
 
 `stop_limit(s)` (agents): also do all that, and SIGKILL the owner, when the owner has been stopped
 (SIGSTOP, state T) for `s` seconds: a stopped agent cannot act on a launcher's silence, and the
@@ -129,6 +129,14 @@ def _guard(r: int) -> None:
                 pass
         for job_id, *hosts in marks:
             reaper.sweep(job_id, hosts)
+        if marks:  # the job's MPICH segments: its killed ranks leave them (mpi/shm.py)
+            from trainrun.mpi.shm import kvsname_for, remove_shm_segments
+
+            for job_id, *_hosts in marks:
+                try:
+                    remove_shm_segments(kvsname_for(job_id))
+                except OSError:
+                    pass
         for prefix in unlinks:  # after the kills: no rank writes them any more
             d, base = os.path.split(prefix)
             for name in os.listdir(d or "."):
