@@ -29,9 +29,8 @@ from synthetic import mnist_like  # noqa: E402
 ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=40, help="training steps scheduled by the chief")
 ap.add_argument("--batch", type=int, default=64, help="per step")
-ap.add_argument("--lr", type=float, default=0.2)
+ap.add_argument("--lr", type=float, default=0.05)
 ap.add_argument("--out", help="chief: write {'losses': [...], 'devices': {...}} here")
-ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step waits (tests: time to kill a worker)")
 args = ap.parse_args()
 
 tf.config.threading.set_inter_op_parallelism_threads(2)
@@ -102,14 +101,6 @@ def train_step(it):
     x, y = next(it)
     return strategy.run(replica_fn, args=(x, y))
 
-
-if args.step_sleep:
-    train_step_fn = train_step
-
-    @tf.function
-    def train_step(it):  # noqa: F811  (the same step, slower: a test kills a worker meanwhile)
-        tf.py_function(lambda: time.sleep(args.step_sleep), [], [])
-        return train_step_fn(it)
 
 results = []
 for step in range(args.steps):
