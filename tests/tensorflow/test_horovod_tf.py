@@ -13,6 +13,8 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 WORKER = Path(__file__).parent / "workers" / "tf_horovod.py"
+# one launch per size runs every case (Keras fits included): 4 ranks on 2 loaded cores take minutes
+pytestmark = pytest.mark.timeout(1500)
 ENV = {"TRAINRUN_STALL_TIMEOUT": "60", "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "tensorflow"}
 CASES = ["mismatches_raise_failed_precondition", "bad_arguments_raise_invalid_argument",
          "alltoall_without_splits_returns_the_output_alone",
@@ -28,7 +30,7 @@ SIZES = [2, 3, 4]
 @pytest.fixture(scope="module", params=SIZES, ids=[f"np{n}" for n in SIZES])
 def results(request, tmp_path_factory):
     n, out = request.param, tmp_path_factory.mktemp(f"tfh{request.param}")
-    proc = run_ranks(WORKER, n, [str(out)], env=ENV, timeout=600)
+    proc = run_ranks(WORKER, n, [str(out)], env=ENV, timeout=1400)
     res = {}
     for r in range(n):
         path = out / f"rank{r}.json"
