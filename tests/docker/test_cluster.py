@@ -263,3 +263,27 @@ def test_down_leaves_nothing(cluster, cc):
     assert not Path(cluster.state_dir).exists()
     assert subprocess.run(["docker", "ps", "-aq", "--filter", f"label=org.trainrun.cluster={NAME}"],
                           capture_output=True, text=True).stdout.strip() == ""
+
+
+HVD_TRAIN = """
+import socket, numpy as np
+import trainrun.numpy as hvd
+hvd.init()
+total = hvd.allreduce(np.array([float(hvd.rank())]), op=hvd.Sum)
+print("HVD", hvd.rank(), hvd.size(), socket.gethostname(), int(total[0]), flush=True)
+"""
+
+
+def test_horovodrun_tutorial_line_from_node1(cluster):
+    """horovodrun's tutorial line as written, inside node1 (the nodes' sshd listens on 22: `-p 22` for the
+    tutorial's 2222), train.py at the same path on every node as Horovod expects."""
+    for nd in cluster.nodes:
+        subprocess.run(["docker", "exec", "-i", nd.container, "sh", "-c", "cat > /tmp/hvd_train.py"], input=HVD_TRAIN,
+                       text=True, check=True, timeout=60)
+    r = subprocess.run(["docker", "exec", "-w", "/tmp", cluster.nodes[0].container, "horovodrun", "--verbose",
+                        "--network-interface", "eth0", "--hostfile", "/keys/hostfile", "-p", "22", "-np", "4",
+                        "python", "hvd_train.py"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = sorted(line.split("<stdout>:", 1) for line in r.stdout.splitlines() if "<stdout>:HVD" in line)
+    assert [tag for tag, _ in rows] == [f"[1,{k}]" for k in range(4)], r.stdout
+    assert [text.split()[1:] for _, text in rows] == [[str(k), "4", f"node{k // 2 + 1}", "6"] for k in range(4)]
