@@ -10,7 +10,7 @@ A lost host is cleaned up over a fresh connection when the engine can open one (
 `sweep`, run in a thread): the agent's whole tree (its pid and start time came in HELLO) and every process
 of the job there (run/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
 unreachable, with the ranks that may still run and within how many seconds the agent there ends them
-(the agent's own patience: it kills its ranks after `heartbeat_timeout` s without word from the launcher).
+(the agent's own patience: it kills its ranks after `heartbeat_timeout` + 2 s without word from us).
 
 The agent's clock: every BEAT we send carries our clock and the agent echoes it at once with its own;
 `clock` (clock.py) keeps the offset, and the exit times the agent reports are put on our clock with it
@@ -37,7 +37,7 @@ from trainrun.plan.spec import ProcessSpec
 from trainrun.run.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
-AGENT_PATIENCE = 1  # x heartbeat_timeout: how long an agent waits for a silent launcher
+AGENT_PATIENCE = 1  # x heartbeat_timeout, + one beat: how long an agent waits for a silent launcher
 SWEEP_CONNECT_S = 5.0  # at most this long to open the fresh connection to a lost host
 SWEEP_WAIT_S = 20.0  # at most this long for the whole cleanup of a lost host (connect, kill, answer)
 FIRST_BEATS_EVERY, FIRST_BEATS_FOR = 0.2, 3.0  # seconds: more clock samples while the job starts
@@ -73,9 +73,10 @@ class AgentRanks:
                heartbeat_timeout: float = 15.0, restartable: bool = False) -> None:
         """Give this agent its share of the job (sent on start). `env` (the launcher's forwarded
         variables) goes under each rank's own env; it travels in the channel, never on a command line.
-        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout (at least one
-        beat's gap and a second): seconds, so that the ranks of a host cut off from the launcher do not run
-        on for long. A launcher that cannot write its output for that long (a paused pager) loses its hosts."""
+        The agent gives up on a silent launcher after AGENT_PATIENCE x heartbeat_timeout + one beat
+        (HEARTBEAT_EVERY): seconds, so that the ranks of a host cut off from the launcher do not run on for
+        long, and after the launcher has named the host lost. A launcher that cannot write its output for
+        that long (a paused pager) loses its hosts."""
         self.specs = specs
         self.heartbeat_timeout = heartbeat_timeout
         self._job_id = specs[0].env.get("TRAINRUN_JOB_ID") if specs else None
@@ -87,7 +88,8 @@ class AgentRanks:
 
             kvsname = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
         procs = tuple(replace(s, env={**env, **s.env}) for s in specs)
-        patience = max(AGENT_PATIENCE * heartbeat_timeout, wire.HEARTBEAT_EVERY + 1)  # > one beat's gap
+        # one beat longer than we wait for it: in a cut, we name the host lost before its ranks are killed
+        patience = AGENT_PATIENCE * heartbeat_timeout + wire.HEARTBEAT_EVERY
         self._job = AgentJob(procs, pmi, python, patience, kvsname, restartable=restartable)
 
     def start(self, sel: selectors.BaseSelector, watchdog, events: RankEvents) -> None:
