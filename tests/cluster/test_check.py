@@ -15,11 +15,12 @@ def check(cluster, *args, cwd, config=None):
 
 
 def test_check_passes_and_finds_the_routable_nics(cluster, tmp_path):
-    import glob
+    def shm():  # every host's own /dev/shm (each has its own tmpfs): --check must leave nothing there
+        return {(h.index, f) for h in cluster.hosts for f in cluster.run(h.index, ["ls", "-A", "/dev/shm"]).stdout.split()}
 
-    shm_before = set(glob.glob("/dev/shm/*"))  # the hosts share this tmpfs: --check must leave nothing there
+    shm_before = shm()
     r = check(cluster, "--hostfile", str(cluster.hostfile), "--no-cache", cwd=tmp_path)
-    assert set(glob.glob("/dev/shm/*")) - shm_before == set()
+    assert shm() - shm_before == set()
     assert r.returncode == 0, r.stdout + r.stderr
     assert "routable between all hosts: eth0, eth1" in r.stdout
     assert "verdict: OK, 6 rank(s) on 3 host(s) can run" in r.stdout
