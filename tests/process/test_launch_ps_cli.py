@@ -45,3 +45,12 @@ def test_bad_roles_are_one_line_exit_2(run_trainrun, args, needle):
 def test_help_has_one_line_for_the_option(run_trainrun):
     run = run_trainrun("--help")
     assert "--tf-cluster" in run.stdout and "parameter-server" in run.stdout
+
+
+def test_check_lists_the_ports_and_reaches_every_ps(run_trainrun):
+    run = run_trainrun("-np", "5", "--tf-cluster", "ps=2", "--check", "--json", timeout=60)
+    assert run.rc == 0, run.stderr
+    doc = json.loads(run.stdout)
+    [row] = doc["tf_cluster"]
+    assert row["tasks"] == "chief:0 worker:0 worker:1 ps:0 ps:1" and len(row["ports"].split(",")) == 5
+    assert doc["ok"], doc["problems"]

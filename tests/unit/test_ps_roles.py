@@ -105,3 +105,36 @@ def test_config_rules():
     cfg = LaunchConfig(command=("x",), tf_cluster=RoleCounts(ps=1), max_restarts=2)
     assert not cfg.elastic and cfg.ps_restarts == 2  # --max-restarts: the worker restart limit, not elastic
     assert LaunchConfig(command=("x",), tf_cluster=RoleCounts(ps=1)).ps_restarts == 3
+
+
+def test_check_rows_targets_and_problem_lines():
+    from trainrun.check.ps_ports import _problems, port_rows, ps_targets
+
+    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 1)], 3)
+    tasks = place_roles(parse_roles("ps=1"), [x.host.name for x in a])
+    workers = ("10.0.0.1:5001", "10.0.0.1:5002", "10.0.0.2:6001")
+    assert port_rows(tasks, a, workers) == [("a", "chief:0 worker:0", "5001,5002"), ("b", "ps:0", "6001")]
+    assert ps_targets(tasks, a, workers) == [("b", "ps 0", "10.0.0.2", 6001)]
+    listened = {"b": {"listen": [["ps 0", "10.0.0.2", 6001]], "failed": []}}
+    results = {"a": [["b", "ps 0", "10.0.0.2", "Connection refused"]], "b": [["b", "ps 0", "10.0.0.2", "ok"]]}
+    assert _problems(listened, results) == ["a cannot reach ps 0 on b at 10.0.0.2:6001 (Connection refused); "
+                                            "open that port between the hosts"]
+    taken = {"b": {"listen": [], "failed": [["ps 0", "10.0.0.2", 6001, "Address already in use"]]}}
+    assert "b: ps 0 cannot listen on 10.0.0.2:6001 there (Address already in use)" in _problems(taken, {})[0]
+
+
+def test_local_reach_names_a_port_taken_by_another_process():
+    import socket
+
+    from trainrun.check.ps_ports import reach_problems
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        problems = reach_problems([("localhost", "ps 0", "127.0.0.1", port)], ["localhost"])
+    finally:
+        taken.close()
+    assert len(problems) == 1 and f"ps 0 cannot listen on 127.0.0.1:{port}" in problems[0]
+    assert reach_problems([("localhost", "ps 0", "127.0.0.1", port)], ["localhost"]) == []

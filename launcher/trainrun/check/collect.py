@@ -177,23 +177,51 @@ def run_check(cfg) -> CheckReport:
         local = {h.name: c for h, c in zip(shape.hosts, shape.counts)}
         more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not cfg.network_interface,
                                   allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc,
-                                  mpi=cfg.mpi != "none")
+                                  mpi=cfg.mpi != "none" and cfg.tf_cluster is None)
         problems += more
-        ranks = []
+        ranks, ps_rows = [], []
         if not problems:
             ranks = assign(cfg, shape, {c.host: c.facts for c in checks})
+            if cfg.tf_cluster is not None:
+                ps_rows = ps_step(cfg, ranks, checks, nic_names, engine, problems)
         if routable:
             save_nic_choice(hosts, cfg, nic_names)
         perf = None
         if cfg.perf:
             perf = perf_step(cfg, engine, checks, routable, servers, problems)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings,
-                           np=requested_np(cfg, hosts, source.default_np), source=source.reason, perf=perf)
+                           np=requested_np(cfg, hosts, source.default_np), source=source.reason, perf=perf,
+                           ps_rows=ps_rows)
     finally:
         for s in servers.values():
             s.channel.close()
         if engine is not None:
             engine.close()
+
+
+def ps_step(cfg, ranks, checks: list[HostCheck], nics: list[str], engine, problems: list[str]) -> list[tuple]:
+    """`--check --tf-cluster`: the roles placed as the launch places them, each host's ports (its table rows),
+    and every host reaching every ps on its port (problems appended). `engine`: None for a one-machine job
+    (checked in this process); a job mixing this machine with remote hosts lists the ports only."""
+    from trainrun.check.ps_ports import port_rows, ps_targets, reach_problems
+    from trainrun.plan.planner import tf_workers
+    from trainrun.plan.roles import place_roles
+
+    facts = {c.host: c.facts for c in checks}
+    try:
+        tasks = place_roles(cfg.tf_cluster, [a.host.name for a in ranks])
+    except UsageError as err:
+        problems.append(str(err))
+        return []
+    names = sorted({a.host.name for a in ranks})
+    local = all(c.via == "local" for c in checks)
+    remote = not local and engine is not None and all(c.via != "local" for c in checks)
+    addresses = {h: ("127.0.0.1" if local else (nics and facts[h].address_on(nics[0])) or h) for h in names}
+    workers = tf_workers(ranks, facts, addresses)
+    if local or remote:
+        pythons = {c.host: c.facts.python for c in checks}
+        problems += reach_problems(ps_targets(tasks, ranks, workers), names, engine if remote else None, pythons)
+    return port_rows(tasks, ranks, workers)
 
 
 def perf_step(cfg, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):

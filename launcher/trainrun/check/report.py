@@ -40,6 +40,7 @@ class CheckReport:
     np: int = 0                     # ranks asked for
     source: str = ""                # where the hosts came from and how they are reached (fanout/select.py)
     perf: object = None             # perf_verdict.PerfResult with --perf
+    ps_rows: list = field(default_factory=list)  # --tf-cluster: (host, its tasks, their ports) (check/ps_ports.py)
 
     @property
     def perf_findings(self) -> list:
@@ -120,6 +121,10 @@ def render_report(r: CheckReport, color: bool = False) -> str:
         out += render_table(
             ("RANK", "HOST", "LOCAL", "CROSS", "GPUS"),
             [(a.rank, a.host, f"{a.local_rank}/{a.local_size}", f"{a.cross_rank}/{a.cross_size}", ",".join(map(str, a.gpus)) or "-") for a in r.ranks], "  ")
+    if r.ps_rows:
+        out += ["", "Parameter-server cluster (ports each host's tasks will use; every host reached every ps on its port"
+                    " unless a problem below says otherwise)"]
+        out += render_table(("HOST", "TASKS", "PORTS"), r.ps_rows, "  ")
     out.append("")
     out += [f"warning: {w}" for w in r.warnings]
     out += [f"problem: {p}" for p in r.problems]
@@ -148,4 +153,5 @@ def report_json(r: CheckReport) -> str:
         "nic_table": [dict(zip(("host", "nic", "addresses", "up", "speed", "verdict"), row)) for row in r.nic_rows],
         "ranks": [{"rank": a.rank, "host": a.host.name, "local_rank": a.local_rank, "cross_rank": a.cross_rank, "gpus": list(a.gpus)} for a in r.ranks],
         "perf": perf,
+        **({"tf_cluster": [dict(zip(("host", "tasks", "ports"), row)) for row in r.ps_rows]} if r.ps_rows else {}),
     }, indent=2)
