@@ -3,7 +3,8 @@
 The library is compiled once per TensorFlow version and source with the compiler and flags TensorFlow
 reports (tf.sysconfig), into TRAINRUN_CACHE_DIR (default ~/.cache/trainrun), under a file lock so
 that the ranks of a job on one host compile it once. Where it cannot be built (no C++ compiler, no
-TensorFlow headers) `check_op()` is None and callers keep their pure-Python behaviour.
+TensorFlow headers), or with TRAINRUN_TF_NATIVE=0, `check_op()` is None and callers keep their
+pure-Python behaviour.
 """
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ def check_op():
     """The TrainrunCheck op (`check_op()(code, message)`), or None where it cannot be built (said once
     on stderr)."""
     global _loaded
+    if _loaded is _UNSET and os.environ.get("TRAINRUN_TF_NATIVE") == "0":
+        _loaded = None  # the user's choice: no kernel (graph errors stay UnknownError; a node less per op)
     if _loaded is _UNSET:
         try:
             path = library_path()
