@@ -113,3 +113,23 @@ def test_take_stacks_names_a_stopped_and_a_zombie_process_without_py_spy():
         sleeper.kill()
         sleeper.wait()
         zombie.wait()
+
+
+def test_a_rank_whose_stack_is_in_a_trainrun_call_waits_too():
+    """Rank 2's own report has not come yet when the stacks are in: its stack says it waits too."""
+    message, about = describe([Stuck(0, 3, "allreduce 'x'")], [0, 1, 2], {}, {1: "T"}, where, in_call={0, 2})
+    assert (message, about) == ("rank 1 on h1 (local rank 0) is stopped (state T) while ranks 0,2 waited in "
+                                "allreduce 'x' (no collective round completed for 3 s)", 1)
+
+
+def test_in_trainrun_call_reads_the_main_thread():
+    from trainrun.diag.report import in_trainrun_call
+    from trainrun.diag.stacks import Frame, ThreadStack
+
+    def stack(*files):
+        frames = tuple(Frame("f", path, 1) for path in files)
+        return RankStack(0, "h", 1, "py-spy", (ThreadStack("MainThread", True, frames),))
+
+    assert in_trainrun_call(stack("/x/trainrun/runtime/engine.py", "/x/trainrun/numpy.py", "train.py"))
+    assert not in_trainrun_call(stack("/usr/lib/python3.11/time.py", "train.py"))
+    assert not in_trainrun_call(RankStack(0, "h", 1, "", error="is stopped (state T)", state="T"))

@@ -47,6 +47,11 @@ def program_frames(frames: tuple[Frame, ...]) -> tuple[tuple[Frame, ...], bool]:
     return (frames[ours[-1]:], True) if ours else (frames, False)
 
 
+def in_trainrun_call(stack: RankStack) -> bool:
+    """Whether the rank's main thread is inside a call into trainrun (e.g. waiting in an allreduce)."""
+    return not stack.error and program_frames(_python_frames(stack))[1]
+
+
 def headline(frames: tuple[Frame, ...]) -> str:
     """"allreduce <- step (train.py:42)": the call into trainrun and its caller, else the two innermost frames."""
     if not frames:

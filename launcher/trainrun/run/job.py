@@ -193,10 +193,12 @@ class Job:
                       then=self._fail_stuck)
 
     def _fail_stuck(self, stacks: list[RankStack]) -> None:
+        from trainrun.diag.report import in_trainrun_call
         from trainrun.run.stall import STALL_EXIT, describe
 
         states = {s.rank: s.state for s in stacks if s.state}
-        message, rank = describe(self._stuck, sorted(self._specs), self.result.returncodes, states, self._where)
+        in_call = {s.rank for s in stacks if in_trainrun_call(s)}
+        message, rank = describe(self._stuck, sorted(self._specs), self.result.returncodes, states, self._where, in_call)
         self.fail(STALL_EXIT, message, rank)
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:

@@ -51,11 +51,13 @@ def absence(returncode: int | None, state: str) -> str:
 
 
 def describe(stuck: list[Stuck], ranks: list[int], returncodes: dict[int, int], states: dict[int, str],
-             where: Callable[[int], str]) -> tuple[str, int]:
+             where: Callable[[int], str], in_call: set[int] = frozenset()) -> tuple[str, int]:
     """(the failure's message, the rank it is about) for the stuck reports `stuck` (the first one first)
-    of a job of `ranks`; `where(rank)` names a rank with its host ("rank 1 on h2 (local rank 1)")."""
+    of a job of `ranks`; `where(rank)` names a rank with its host ("rank 1 on h2 (local rank 1)").
+    `in_call`: ranks whose stack shows them inside a trainrun call: waiting too, though their own
+    report may not have come yet (each rank's watchdog looks once a second)."""
     first = stuck[0]
-    waiting = sorted({s.rank for s in stuck})
+    waiting = sorted({s.rank for s in stuck} | (set(in_call) - set(returncodes)))
     absent = [r for r in ranks if r not in waiting]
     during = f"{describe_ranks(waiting)} waited in {first.waiting}"
     if not absent:
