@@ -4,7 +4,10 @@ the job exits 0 when the chief finishes and nothing is left on any host; a worke
 restarted there through its agent and the job still exits 0."""
 import importlib.util
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,16 +44,19 @@ def test_ps_cluster_on_three_hosts(cluster, tmp_path):
 
 
 def test_a_worker_killed_on_its_host_is_restarted_there(cluster, tmp_path):
-    out, run = launch(cluster, tmp_path, "--steps", "400")
+    out, run = launch(cluster, tmp_path, "--steps", "4000")
     run.wait_for("variables on")
     pid = task_pid(str(out), "worker", 1)  # rank 2, on h2 (the hosts share this machine's /proc)
-    import os
-    import signal
-
     os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 240
+    while sum(":worker 1 serving at " in line for line in run.lines) < 2:  # the restarted worker serves again
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.text
+        time.sleep(0.2)
+    restarted = task_pid(str(out), "worker", 1)
+    with open(f"/proc/{restarted}/environ", "rb") as f:
+        assert b"TRAINRUN_RESTART_COUNT=1" in f.read().split(b"\0")
     assert run.wait() == 0, run.text
     assert "trainrun: worker 1 (rank 2 on h2) was killed by SIGKILL: restarting it there" in run.text, run.text
-    assert sum(" worker 1 serving at " in line for line in run.lines) == 2, run.text
     assert_nothing_left(str(out))
 
 
