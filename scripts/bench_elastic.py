@@ -11,7 +11,8 @@ restarted job. Scenarios, interleaved round by round on this machine:
     torchrun --max-restarts      --standalone --nproc-per-node 4, one rank killed, all 4 restarted from the disk checkpoint
     --cluster adds, on 3 simulated hosts x 2 (SSH): one host's ranks killed; and one host's network cut
     (--heartbeat-timeout 3), 4 ranks go on.
-commit(): a 2-rank trainrun job commits an ObjectState holding S MiB, 5 times per size; median per commit.
+commit(): a 2-rank trainrun job commits a TorchState of 1, 16, 64, 256 MiB beside a memcpy of the same bytes
+(scripts/bench_commit_worker.py); --commit-only runs just that and replaces its section of --out.
 Medians of --rounds rounds; the machine line says what ran where. Prints a markdown table.
 """
 from __future__ import annotations
@@ -100,22 +101,52 @@ def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: 
             proc.wait()
 
 
-def commit_costs(env: dict, sizes=(1, 16, 64)) -> dict[int, float]:
-    code = ("import time, numpy as np, trainrun.runtime as hvd, trainrun.elastic as el; hvd.init(); "
-            f"sizes = {list(sizes)}; "
-            "s = el.ObjectState(a=np.zeros(1)); out = []\n"
-            "for mib in sizes:\n"
-            "    s.a = np.random.default_rng(0).random(mib << 17); s.commit(); ts = []\n"
-            "    for _ in range(5):\n"
-            "        t = time.perf_counter(); s.commit(); ts.append(time.perf_counter() - t)\n"
-            "    ts.sort(); out.append(f'{mib}:{ts[2]}')\n"
-            "print('costs', *out) if hvd.rank() == 0 else None\n")
-    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", sys.executable, "-c", code],
-                       capture_output=True, text=True, env=env, timeout=300)
-    line = next((x for x in r.stdout.splitlines() if "costs" in x), None)
-    if line is None:
+def commit_costs(env: dict, sizes=(1, 16, 64, 256)) -> dict[int, tuple[float, ...]]:
+    """{MiB: (commit, memcpy, memcpy to two buffers in turn, xxh3, crc32)} in seconds, medians (bench_commit_worker.py)."""
+    worker = str(REPO / "scripts" / "bench_commit_worker.py")
+    r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", worker,
+                        ",".join(map(str, sizes))], capture_output=True, text=True, env=env, timeout=900)
+    out = {}
+    for line in r.stdout.splitlines():
+        if "cost " in line:
+            mib, *vals = line.split("cost ", 1)[1].split()
+            out[int(mib)] = tuple(float(v) for v in vals)
+    if len(out) != len(sizes):
         raise BenchError(f"commit benchmark failed: {r.stderr[-2000:]}")
-    return {int(k): float(v) for k, v in (p.split(":") for p in line.split("costs", 1)[1].split())}
+    return out
+
+
+def commit_table(costs) -> list[str]:
+    from bench_common import cpu_model
+
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [COMMIT_START, "## commit() cost", "",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {os.cpu_count()} vCPU {cpu_model()}; "
+             f"load average at the end (1/5/15 min): {load}",
+             "- `python scripts/bench_elastic.py --commit-only` (scripts/bench_commit_worker.py): `trainrun -np 2 "
+             "--max-restarts 1`; a TorchState of a torch model of N MiB (1 MiB Linear layers); rank 0 (local rank 0) "
+             "writes the host's /dev/shm segment, rank 1 keeps its own copy, both join the host-update check. "
+             "Beside it, in the same process and interleaved round by round: a plain memcpy of the same bytes "
+             "(`np.copyto` into one warm buffer, and into two buffers in turn as a segment's two slots are written), "
+             "and the payload checksums alone; a 50 ms pause (the training step) before each commit. Medians of 9 rounds.", "",
+             "| state (MiB) | commit() ms | ms/MiB | memcpy ms | commit / memcpy | memcpy, 2 buffers ms | commit / that | xxh3 ms | crc32 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mib, (commit, copy, copy2, xxh, crc) in costs.items():
+        lines.append(f"| {mib} | {commit * 1e3:.2f} | {commit * 1e3 / mib:.3f} | {copy * 1e3:.2f} | {commit / copy:.1f}x | "
+                     f"{copy2 * 1e3:.2f} | {commit / copy2:.1f}x | {xxh * 1e3:.2f} | {crc * 1e3:.2f} |")
+    return lines + [COMMIT_END]
+
+
+def replace_section(text: str, section: list[str]) -> str:
+    """`text` with the part between COMMIT_START and COMMIT_END (or the end) replaced by `section`."""
+    if COMMIT_START in text:
+        head, _, rest = text.partition(COMMIT_START)
+        tail = rest.partition(COMMIT_END)[2]
+        return head + "\n".join(section) + tail
+    return text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n"
+
+
+COMMIT_START, COMMIT_END = "<!-- commit-cost: written by scripts/bench_elastic.py -->", "<!-- /commit-cost -->"
 
 
 def main() -> int:
@@ -123,7 +154,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cluster", action="store_true", help="also on 3 simulated hosts (takes the testbed lock)")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "elastic.md"))
+    ap.add_argument("--commit-only", action="store_true", help="only the commit() table (replaced in --out)")
     args = ap.parse_args()
+    if args.commit_only:
+        costs = commit_costs({**os.environ, "PYTHONPATH": str(REPO / "launcher")})
+        section = commit_table(costs)
+        print("\n".join(section))
+        out = Path(args.out)
+        out.write_text(replace_section(out.read_text() if out.exists() else "", section))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="bench-elastic-"))
     env = {**os.environ, "PYTHONPATH": str(REPO / "launcher"), "STEPS": "400", "COMMIT_EVERY": "5",
            "STEP_PAUSE": "0.1", "CKPT": str(tmp / "ckpt.pt"), "GLOO_SOCKET_IFNAME": "lo"}
@@ -192,11 +231,7 @@ def main() -> int:
     for name, ts in times.items():
         share = f"{med(relaunches[name]):.2f}" if relaunches.get(name) else "-"
         lines.append(f"| {name} | {med(ts):.2f} | {share} | {', '.join(f'{t:.2f}' for t in ts)} |")
-    lines += ["", "`commit()` of an ObjectState holding a NumPy array (2 ranks; local rank 0 leaves the copy with "
-              "the launcher, the other ranks only join the host-update check); median of 5:", "",
-              "| state (MiB) | ms per commit | ms per MiB |", "|---:|---:|---:|"]
-    for mib, s in costs.items():
-        lines.append(f"| {mib} | {s * 1000:.1f} | {s * 1000 / mib:.2f} |")
+    lines += ["", *commit_table(costs)]
     write_out("\n".join(lines) + "\n", args.out)
     return 0
 

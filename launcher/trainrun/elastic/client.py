@@ -12,6 +12,9 @@ from trainrun.agent.wire import FrameReader, frame
 from trainrun.elastic import protocol
 
 
+_clients: dict[int, ControlClient] = {}
+
+
 class ControlClient:
     """One rank's channel (the inherited fd `fd`). Requests are answered in order; UPDATE frames that
     arrive meanwhile are queued for `updates()`."""
@@ -25,8 +28,14 @@ class ControlClient:
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ControlClient | None:
+        """The process's one client for TRAINRUN_CTL_FD (shared by every State: a second socket object on the
+        same fd would close it when collected), or None outside an elastic trainrun job."""
         fd = environ.get("TRAINRUN_CTL_FD")
-        return cls(int(fd)) if fd else None
+        if not fd:
+            return None
+        if int(fd) not in _clients:
+            _clients[int(fd)] = cls(int(fd))
+        return _clients[int(fd)]
 
     def _take(self, frames) -> None:
         for kind, _rank, payload in frames:

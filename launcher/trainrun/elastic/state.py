@@ -6,7 +6,8 @@ Horovod does inside one process, trainrun does across processes:
 
     state.commit()     save() the state; local rank 0 of each host writes it into the host's committed-state
                        segment (a /dev/shm file the agent owns: the copy outlives the ranks; shm_slot.py), at
-                       memory speed (arrays and tensors as raw bytes: packing.py); then check_host_updates()
+                       memory speed (arrays and tensors as raw bytes: packing.py); then the host-update check,
+                       pipelined: a notice seen at one commit is acted on (on every rank) at the next
     state.sync()       at the start of every attempt: the newest complete copy any host's segment holds (or
                        rank 0's own state when there is none) is read by the lowest rank on such a host,
                        broadcast and loaded
@@ -71,6 +72,7 @@ class State:
         self._segment = None            # the host's committed-state segment (shm_slot.Segment), when mapped
         self._last_update = 0.0         # timestamp of the last host update acted on
         self._pushed = False            # the current state is with the agent (commit() is raising)
+        self._pending = None            # the host-update broadcast a commit started (acted on at the next)
 
     # what subclasses define
     def snapshot(self):
@@ -121,11 +123,37 @@ class State:
             self.load(packing.unpack(self._saved))
 
     def commit(self) -> None:
-        """save(), leave the copy with this host's agent (in its segment), check_host_updates()."""
+        """save(), leave the copy with this host's agent (in its segment), then the host-update check without
+        waiting for the other ranks: rank 0's view of the notices is broadcast in the background and acted on
+        at the next commit (every rank raises HostsUpdatedInterrupt at that same commit, once its state is
+        committed). So commit() costs the copy, not a round trip through every rank."""
         self._commit_copy()
         self._pushed = True
-        self.check_host_updates()
+        self._check_pipelined()
         self._pushed = False
+
+    def _update_view(self):
+        import numpy as np
+
+        updates = self._client.updates()
+        newest = max([u["ts"] for u in updates], default=self._last_update)
+        removed = any(u.get("removed") for u in updates)
+        return np.array([self._last_update, newest, float(removed)], dtype=np.float64)
+
+    def _act_on(self, view) -> None:
+        prev, last, removed = view.tolist()
+        self._last_update = last
+        if last > prev:
+            raise HostsUpdatedInterrupt(skip_sync=not removed)
+
+    def _check_pipelined(self) -> None:
+        if self._client is None:
+            return
+        rt = _runtime()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._act_on(rt.synchronize(pending))  # raised on every rank alike: none starts another
+        self._pending = rt.broadcast_async(self._update_view(), root_rank=0)
 
     def _commit_copy(self) -> None:
         self._count += 1
@@ -155,13 +183,11 @@ class State:
         (rank 0's view is broadcast, so all ranks agree on where to stop)."""
         if self._client is None:
             return
-        updates = self._client.updates()
-        newest = max([u["ts"] for u in updates], default=self._last_update)
-        removed = any(u.get("removed") for u in updates)
-        prev, last, removed = _runtime().broadcast_object((self._last_update, newest, removed), root_rank=0)
-        self._last_update = last
-        if last > prev:
-            raise HostsUpdatedInterrupt(skip_sync=not removed)
+        rt = _runtime()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._act_on(rt.synchronize(pending))
+        self._act_on(rt.broadcast(self._update_view(), root_rank=0))
 
     def _held_here(self):
         """(key, slot) of the newest complete copy in this host's segment (checked), or (NO_KEY, None)."""

@@ -1,0 +1,55 @@
+"""The rank of `scripts/bench_elastic.py`'s commit benchmark (run by trainrun -np 2 --max-restarts 1, so that
+commit() takes the elastic path: local rank 0 writes the host's /dev/shm segment, the other rank keeps its
+own copy, both join the host-update check). For each size, a torch model of that many MiB (1 MiB Linear
+layers) in a TorchState; rounds interleave: a 50 ms pause (the training step between two commits: the
+host-update check's broadcast, started by one commit, completes in it), commit(), a plain memcpy of the same
+bytes (np.copyto into one warm buffer: cache-hot below the L3 size), the same memcpy into two buffers in turn
+(the pattern of a segment's two slots), and the checksums alone (xxh3, crc32). Rank 0 prints one `cost` line
+per size (medians, s)."""
+import statistics
+import sys
+import time
+import zlib
+
+import numpy as np
+import torch
+
+import trainrun.runtime as hvd
+import trainrun.torch.elastic as elastic
+from trainrun.elastic import shm_slot
+
+ROUNDS = 9
+hvd.init()
+torch.set_num_threads(1)
+
+
+def timed(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+for mib in [int(x) for x in sys.argv[1].split(",")]:
+    layers = [torch.nn.Linear(512, 512, bias=False) for _ in range(mib)]  # 1 MiB of float32 each
+    model = torch.nn.Sequential(*layers)
+    state = elastic.TorchState(model, None, step=0)
+    src = np.random.default_rng(0).integers(0, 255, mib << 20, dtype=np.uint8)
+    dst, pair = np.empty_like(src), (np.empty_like(src), np.empty_like(src))
+    for i in range(2):  # warm: the segment made (or grown), both slots' pages touched; dst touched
+        state.commit()
+        np.copyto(dst, src)
+        np.copyto(pair[i], src)
+    commit, copy, copy2, xxh, crc = [], [], [], [], []
+    for i in range(ROUNDS):
+        time.sleep(0.05)
+        with torch.no_grad():
+            layers[0].weight.add_(1.0)  # the state changes between commits, as in training
+        commit.append(timed(state.commit))
+        copy.append(timed(lambda: np.copyto(dst, src)))
+        copy2.append(timed(lambda: np.copyto(pair[i % 2], src)))
+        xxh.append(timed(lambda: shm_slot.checksum(src, shm_slot.XXH3)) if shm_slot.best_algorithm() == shm_slot.XXH3 else float("nan"))
+        crc.append(timed(lambda: zlib.crc32(src)))
+    if hvd.rank() == 0:
+        med = statistics.median
+        print(f"cost {mib} {med(commit)} {med(copy)} {med(copy2)} {med(xxh)} {med(crc)}", flush=True)
+    state = model = layers = src = dst = pair = None  # freed before the next size
