@@ -31,10 +31,11 @@ checked in full, so mismatches and stalls are reported as on first use.
 - A lone blocking op (nothing else outstanding on this rank, cached signature) takes the lone-op
   path (lone.py): one round and its reduction inline, without the queue; `run` of one request and
   `allreduce_now` (a CPU allreduce given as arrays: not even a Request) both enter it.
-- Idle policy (timing.py): a caller blocked in wait() keeps the driver lock and polls without yielding while it
-  makes progress or for WAITER_SPIN_S after the last progress, then sleeps with growing delays up to
-  MAX_SLEEP_S, letting other threads drive in between; the background thread yields the CPU after
-  BACKGROUND_SPIN_S.
+- Idle policy (timing.py, waiting.py): a caller blocked in wait() keeps the driver lock and polls without
+  yielding while it makes progress, or while waiting.POLICY lets a wait of that age spin (WAITER_SPIN_S
+  after the last progress; under TRAINRUN_WAIT=auto only while the host has no more runnable tasks than
+  cores), then sleeps with growing delays, letting other threads drive in between; the background
+  thread yields the CPU for BACKGROUND_SPIN_S by the same rule, then sleeps.
 
 Failure: a mismatch or stall response fails the named handles on every rank that submitted them; an
 exception inside the engine fails every outstanding handle and closes the engine. `shutdown()` is
@@ -65,14 +66,15 @@ from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import Handle, Request
 from trainrun.runtime.round_port import RoundPort
 from trainrun.runtime.timing import BACKGROUND_SPIN_S, IDLE_S, MAX_SLEEP_S, WAITER_SPIN_S
+from trainrun.runtime.waiting import POLICY
 
 _SHUT_DOWN = "trainrun has been shut down; call init() again to use collectives"
 _new_tuple = tuple.__new__
 
 
 class _Backoff:
-    """How long a poller with nothing to do should wait: 0 (just yield) for `spin_s` after the last
-    progress, then growing sleeps up to MAX_SLEEP_S."""
+    """How long a poller with nothing to do should wait: 0 (just yield) while waiting.POLICY lets a
+    wait this long after the last progress spin (`spin_s` at most), then growing sleeps up to MAX_SLEEP_S."""
 
     def __init__(self, spin_s: float):
         self._spin = spin_s
@@ -83,7 +85,9 @@ class _Backoff:
 
     def delay(self) -> float:
         idle = time.monotonic() - self._since
-        return 0.0 if idle < self._spin else min(MAX_SLEEP_S, idle / 16)
+        if POLICY.spins:  # TRAINRUN_WAIT=spin: the earlier rule, unchanged
+            return 0.0 if idle < self._spin else min(MAX_SLEEP_S, idle / 16)
+        return 0.0 if POLICY.spin(idle, self._spin) else POLICY.sleep_s(idle)
 
 
 class Engine(LoneOp, Driver, Completion):
@@ -226,7 +230,8 @@ class Engine(LoneOp, Driver, Completion):
 
     def _drive_until(self, handle: Handle) -> None:
         """Drive progress until `handle` is done. The driver lock is held across polls while they make
-        progress or are young (WAITER_SPIN_S): a blocked caller spins like a blocking MPI call would,
+        progress or are young (WAITER_SPIN_S, and waiting.POLICY allows it: under auto, not on an
+        oversubscribed host): a blocked caller spins like a blocking MPI call would,
         with no yield or lock hand-off per poll (each costs microseconds, a yield on a loaded machine
         far more); after that it polls with growing sleeps and lets other threads drive in between."""
         backoff = None
@@ -238,12 +243,13 @@ class Engine(LoneOp, Driver, Completion):
                 self._sleep(MAX_SLEEP_S, handle)   # another thread is driving
                 continue
             try:
-                deadline = time.monotonic() + WAITER_SPIN_S
+                last = time.monotonic()
+                spin = POLICY.spin
                 while not handle.done:
                     if self._progress():
-                        deadline = time.monotonic() + WAITER_SPIN_S
+                        last = time.monotonic()
                         backoff = None
-                    elif time.monotonic() > deadline:
+                    elif not spin(time.monotonic() - last, WAITER_SPIN_S):
                         break
             finally:
                 self._drive.release()
@@ -418,14 +424,25 @@ class Engine(LoneOp, Driver, Completion):
 
     def _yielding_wait(self, request) -> None:
         """How the background thread, while it drives, waits for an MPI request of a running
-        collective: overlapping the training loop, it yields the CPU between polls while nobody
-        waits on the engine, so a late peer does not cost this rank's compute a core. A caller's
-        thread drives because it waits, and spins in MPI_Wait (the backend's default)."""
+        collective: overlapping the training loop, it gives the CPU back between polls while nobody
+        waits on the engine, so a late peer does not cost this rank's compute a core: it yields while
+        waiting.POLICY lets it spin (BACKGROUND_SPIN_S), then sleeps (TRAINRUN_WAIT=spin: it only
+        yields, as before). A caller's thread drives because it waits: its wait is the backend's
+        default (waiting.Policy.wait_request)."""
+        start = time.monotonic()
+        spins = POLICY.spins
         while not self._drivers:
             if request.Test():
                 return
-            os.sched_yield()
-        request.Wait()  # someone is blocked on the engine: nothing else to run here
+            if spins:
+                os.sched_yield()
+                continue
+            age = time.monotonic() - start
+            if POLICY.spin(age, BACKGROUND_SPIN_S):
+                os.sched_yield()
+            else:
+                time.sleep(POLICY.sleep_s(age))
+        POLICY.wait_request(request)  # someone is blocked on the engine: nothing else to run here
 
 
 def _lone_ops() -> list[str]:

@@ -19,6 +19,7 @@ from trainrun.runtime.exceptions import HorovodInternalError
 from trainrun.runtime.messages import Meta
 from trainrun.runtime.ops import Request
 from trainrun.runtime.timing import WAITER_SPIN_S
+from trainrun.runtime.waiting import POLICY
 
 
 class LoneOp:
@@ -73,18 +74,18 @@ class LoneOp:
 
     def _solo_round(self, cid: int) -> bool:
         """Post a round with op `cid` alone and no flags, and spin for it as a blocking MPI call would,
-        up to WAITER_SPIN_S (the general loop backs off after that). Caller holds _drive, _quiet(). True when
+        up to WAITER_SPIN_S while waiting.POLICY lets it (the general loop backs off after that). Caller holds _drive, _quiet(). True when
         every rank sent the same (the op runs now); else the round is either completed (the caller
         runs `_agreed`) or still in flight (`_inflight`, for the general loop)."""
         send = self._cache.solo(cid)
         request = self._start_round(send)
-        polls, deadline = 0, None
+        polls, start = 0, None
         while not request.Test():
             polls += 1
             if not polls & 63:
                 now = time.monotonic()
-                deadline = deadline or now + WAITER_SPIN_S
-                if now > deadline:
+                start = start or now
+                if not POLICY.spin(now - start, WAITER_SPIN_S):
                     return False
         self._inflight = None
         self._rounds += 1

@@ -7,9 +7,11 @@ so they work for any dtype; reductions take arrays in a wire dtype (see fusion.w
 Allreduce, the op gradients use, runs as MPI_Iallreduce completed by the engine's `wait(request)`:
 MPICH's blocking calls spin on the CPU while the peer is late, which starves the training loop
 when communication overlaps backward on a host with no spare core; the engine's wait polls as hard
-as its caller needs (see Engine._yielding_wait). A caller's wait (`spin_then_wait`) polls with
-MPI_Test first: measured with MPICH 5 on 2 ranks, MPI_Wait on a 4 KiB Iallreduce returns ~2 us later
-than polling it does (7.5 vs 5.6 us, blocking MPI_Allreduce 6.2 us), and never sooner at any size.
+as its caller needs (see Engine._yielding_wait). A caller's wait is the waiting policy's
+(runtime/waiting.py: MPI_Test polls while the wait is young and the host has a core to spare, then
+MPI_Test between short sleeps): measured with MPICH 5 on 2 ranks, MPI_Wait on a 4 KiB Iallreduce
+returns ~2 us later than polling it does (7.5 vs 5.6 us, blocking MPI_Allreduce 6.2 us), and never
+sooner at any size; nor does it give the core back to other work (scripts/bench_wait.py).
 Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduces).
 """
 from __future__ import annotations
@@ -20,19 +22,9 @@ import numpy as np
 from mpi4py import MPI
 
 from trainrun.runtime.ops import Max, Min, Product, Sum
+from trainrun.runtime.waiting import POLICY
 
 _MPI_OPS = {Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
-SPIN_TESTS = 256  # MPI_Test polls before MPI_Wait: ~100 us, a small op's whole time; a large op then
-                  # waits in MPI_Wait, which releases the GIL to the program's other threads
-
-
-def spin_then_wait(request) -> None:
-    """Complete `request`: poll it SPIN_TESTS times, then MPI_Wait."""
-    test = request.Test
-    for _ in range(SPIN_TESTS):
-        if test():
-            return
-    request.Wait()
 
 
 def _displs(counts):
@@ -115,9 +107,9 @@ class MPIBackend:
 
     def __init__(self, comm):
         self.comm = comm.Dup()
-        # wait(request) completes a nonblocking MPI request: spin_then_wait, unless the engine's
+        # wait(request) completes a nonblocking MPI request: the waiting policy's, unless the engine's
         # background thread, while it drives, sets a wait that yields the CPU between polls
-        self.wait = spin_then_wait
+        self.wait = POLICY.wait_request
         self._small = SmallAllreduces(self.comm)
 
     def close(self) -> None:

@@ -1,0 +1,132 @@
+"""The waiting policy: when a thread of the runtime that has nothing to do but wait may keep its core
+(poll), and when it must give it back (sleep) because other work on the host needs it.
+
+Why: polling reacts within microseconds, which is what makes small collectives fast on an idle host;
+on a busy host (data-loader workers, other ranks, the framework's threads, other jobs) every
+microsecond a waiter polls is taken from a thread that has real work, and a waiter that only
+yields (sched_yield) stays runnable and still takes its fair share. MPICH's own MPI_Wait does not
+help: it busy-polls in its progress loop (scripts/bench_wait.py: the CPU time of a wait for a peer
+2 ms late equals the wait), so "blocking" here means MPI_Test between sleeps, or a condition
+variable where another thread of ours completes the wait (Engine._done_cv).
+
+Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
+- `spin(age_s, budget_s)`: may a waiter that has waited `age_s` since its last progress keep
+  polling? `decide` says, from the mode and a load sample:
+    spin  -- age_s < budget_s (the behaviour before this policy: spin for the budget, then back off);
+    block -- only while age_s < FLOOR_S (a wait that short costs less spinning than a sleep's wake-up);
+    auto  -- block's answer when the host is oversubscribed (more runnable tasks than cores), else spin's.
+- `sleep_s(age_s)`: how long to sleep between polls once spin() says no: grows with the age, from
+  MIN_SLEEP_S to MAX_SLEEP_S, so a late peer costs at most ~MAX_SLEEP_S of extra latency.
+- `wait_request(request)`: complete an MPI request by that rule. In spin mode it is exactly the
+  earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
+- The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
+  this one included) against os.cpu_count(), read at most every SAMPLE_S (a pread of an open file,
+  a few microseconds). Host-wide: in a container that shares the host's /proc this sees the host.
+  Where /proc/loadavg cannot be read, auto counts the host as not oversubscribed (spin's behaviour).
+Thread-safe without locks: the sample is a pair of floats replaced whole; a race costs one extra read.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+MODES = ("auto", "spin", "block")
+ENV = "TRAINRUN_WAIT"
+SAMPLE_S = 0.1        # how often the host's load is read
+FLOOR_S = 30e-6       # every wait may poll this long: shorter than a sleep's wake-up on a busy host
+MIN_SLEEP_S = 20e-6   # the first sleep once polling stops
+MAX_SLEEP_S = 0.0002  # the longest sleep between polls (the extra latency a late peer can cost)
+SPIN_TESTS = 256      # spin mode's MPI_Tests before MPI_Wait (~100 us: a small op's whole time)
+
+
+def mode_from(value: str | None) -> str:
+    """The mode TRAINRUN_WAIT=`value` asks for (unset or empty: auto). Raises ValueError naming the value."""
+    mode = (value or "auto").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"{ENV}={value!r} is not a waiting mode: use one of {', '.join(MODES)}")
+    return mode
+
+
+def decide(mode: str, age_s: float, budget_s: float, running: int, cores: int) -> bool:
+    """Pure rule of `Policy.spin`: True = keep polling, False = give the core back (see the module's contract).
+    `running`: runnable tasks on the host (this waiter included); `cores`: CPUs of the host."""
+    if age_s < FLOOR_S and mode != "spin":
+        return True
+    if mode == "block" or (mode == "auto" and running > cores):
+        return False
+    return age_s < budget_s
+
+
+def backoff_s(age_s: float) -> float:
+    """Pure rule of `Policy.sleep_s`: a sixteenth of the age, within [MIN_SLEEP_S, MAX_SLEEP_S]."""
+    return min(MAX_SLEEP_S, max(MIN_SLEEP_S, age_s / 16))
+
+
+class HostLoad:
+    """Runnable tasks on the host, from /proc/loadavg, sampled at most every SAMPLE_S."""
+
+    def __init__(self, path: str = "/proc/loadavg"):
+        self.cores = os.cpu_count() or 1
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        self._at = -SAMPLE_S
+        self._running = 0
+
+    def running(self, now: float) -> int:
+        if now - self._at >= SAMPLE_S:
+            self._at = now
+            self._running = self._read()
+        return self._running
+
+    def _read(self) -> int:
+        if self._fd is None:
+            return 0
+        try:  # "0.52 0.58 0.59 3/467 12345": the fourth field's numerator
+            return int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+
+class Policy:
+    def __init__(self, mode: str = "auto", load: HostLoad | None = None):
+        self.mode = mode_from(mode)
+        self.load = load or HostLoad()
+        self.spins = self.mode == "spin"  # the earlier behaviour, unchanged (callers branch on it)
+
+    def oversubscribed(self) -> bool:
+        """More runnable tasks than cores at the last sample (auto's question)."""
+        return self.load.running(time.monotonic()) > self.load.cores
+
+    def spin(self, age_s: float, budget_s: float) -> bool:
+        mode = self.mode
+        if mode == "auto" and age_s >= FLOOR_S:
+            load = self.load
+            return decide(mode, age_s, budget_s, load.running(time.monotonic()), load.cores)
+        return decide(mode, age_s, budget_s, 0, 1)
+
+    sleep_s = staticmethod(backoff_s)
+
+    def wait_request(self, request, budget_s: float = 0.002) -> None:
+        """Complete MPI `request`: poll (MPI_Test) while spin(age, budget_s), then MPI_Test between
+        sleeps of sleep_s(age). Spin mode: SPIN_TESTS polls, then MPI_Wait (the earlier behaviour)."""
+        test = request.Test
+        if self.spins:
+            for _ in range(SPIN_TESTS):
+                if test():
+                    return
+            request.Wait()
+            return
+        for _ in range(8):  # the in-step case of a small op: done before the clock is worth reading
+            if test():
+                return
+        start = time.monotonic()
+        spin, sleep = self.spin, time.sleep
+        while not test():
+            age = time.monotonic() - start
+            if not spin(age, budget_s):
+                sleep(backoff_s(age))
+
+
+POLICY = Policy(os.environ.get(ENV, "auto"))
