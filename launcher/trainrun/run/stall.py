@@ -4,8 +4,8 @@ A rank's runtime reports *stuck* (diag/rankhook.py, relayed as `on_stall(rank, s
 waited in a collective for the stall timeout while no collective round completed: some rank's engine
 takes no part at all, which no rank can end from inside (MPI cannot cancel a collective, and
 MPI_Finalize waits for every rank). The Job takes every running rank's stack, then ends the job with
-`describe`'s message: the ranks that did not report being stuck are the absent ones, and each is
-named by what the launcher knows of it -- its exit ("exited 0": a rank that left without shutting
+`describe`'s message: the ranks that neither reported being stuck nor are, by their stack, inside a
+trainrun call are the absent ones, and each is named by what the launcher knows of it -- its exit ("exited 0": a rank that left without shutting
 trainrun down, e.g. `os._exit`), its /proc state from the stack dump ("is stopped (state T)"), or else
 that it runs but takes no part (its stack is printed above the message).
 """
