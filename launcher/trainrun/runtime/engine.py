@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 import time
+from time import perf_counter_ns
 
 from trainrun.runtime import timeline as tl
 from trainrun.runtime.backends.mpi import MPIBackend, transfers_in_progress
@@ -140,6 +141,15 @@ class Engine(LoneOp, Driver, Completion):
         self._shutdown_ok = False
         self._shutdown_begun = False
         self._shutdown_req: Request | None = None
+        # straggler measurement (diag/perf.py reads these, once per window, without locks): plain ints,
+        # a perf_counter_ns pair per blocking wait and a few int operations per round
+        self.measure = os.environ.get("TRAINRUN_STRAGGLER", "1") != "0"
+        self.wait_ns = 0        # time user threads spent blocked in this engine's collectives
+        self.waits = 0          # blocking waits (wait_all, lone ops)
+        self.collectives = 0    # cached ops run (each op of a fused batch counts)
+        self.last = 0           # of those, ops whose round this rank was the last to join (ties count)
+        self.steps = 0          # optimizer steps (torch DistributedOptimizer.synchronize)
+        self._sent = self._sent_prev = 0  # the op bits of this round's and the previous round's contribution
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
         self._thread.start()
@@ -210,6 +220,7 @@ class Engine(LoneOp, Driver, Completion):
 
     def wait_all(self, handles: list[Handle]) -> list:
         """Block until every handle completes (driving progress); their results, or the first error."""
+        t0 = perf_counter_ns() if self.measure else 0
         with self._cv:
             if self._promised:
                 self._promised -= 1
@@ -223,6 +234,9 @@ class Engine(LoneOp, Driver, Completion):
                 self._drivers -= 1
                 if not self._drivers and (self._queue or self._names):
                     self._cv.notify_all()  # the last driver left work behind: the background thread takes it
+            if t0:
+                self.wait_ns += perf_counter_ns() - t0
+                self.waits += 1
         for handle in handles:
             if handle.error is not None:
                 raise handle.error
@@ -263,6 +277,19 @@ class Engine(LoneOp, Driver, Completion):
             if not handle.done:
                 self._sleepers += 1
                 self._done_cv.wait(seconds)
+                self._sleepers -= 1
+
+    def sleep_until(self, ready, timeout: float) -> None:
+        """Sleep until `ready()` holds -- checked at once and whenever a handle of this engine completes
+        -- or `timeout` s pass, driving nothing (the background thread drives): for a thread that waits
+        on any of several handles (tensorflow/graph_ops.py). Counted as a sleeper before `ready()` is
+        read, so a completion after that read notifies it."""
+        with self._done_cv:
+            self._sleepers += 1
+            try:
+                if not ready():
+                    self._done_cv.wait(timeout)
+            finally:
                 self._sleepers -= 1
 
     def begin_shutdown(self) -> None:
