@@ -91,8 +91,8 @@ class Agent:
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         """Not reported by LocalRanks (start-up errors are raised, then sent as FATAL)."""
 
-    def on_progress(self, rank: int) -> None:
-        self.send(wire.frame(wire.PROGRESS, rank))
+    def on_progress(self, rank: int, perf: str = "") -> None:
+        self.send(wire.frame(wire.PROGRESS, rank, perf.encode()))
 
     def on_stall(self, rank: int, stuck: str = "") -> None:
         self.send(wire.frame(wire.STALL, rank, stuck.encode()))

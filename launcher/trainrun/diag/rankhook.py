@@ -12,6 +12,8 @@ is dropped (diagnosis must never block training):
     progress N                 the runtime has made N collective calls (sent when N changed, at most
                                every PROGRESS_EVERY_S): what --hang-timeout counts besides output
     stall                      the runtime raised a StallError here: the launcher takes every rank's stack
+    perf WALL WAIT COLL LAST STEPS   every diag/perf.WINDOW_S: the window's collectives, for straggler
+                               detection (run/straggler.py); diag/perf.py says what each field is
     stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
                                round completed meanwhile: some peer's engine takes no part at all (it is
                                stopped, exited, in MPI_Finalize, or hung outside trainrun), a wait that
@@ -125,8 +127,13 @@ def _watch_stalls() -> None:
 def _report_progress() -> None:
     last = None
     watch = StuckWatch()
+    window = None  # (engine id, perf.Counters at the window's start)
     while True:
         time.sleep(PROGRESS_EVERY_S)
+        try:
+            window = _report_window(window)
+        except Exception:  # an engine being torn down: start a new window next time
+            window = None
         try:
             stuck = watch.check(_engines(), time.monotonic())
         except Exception:  # engines being torn down: look again next time
@@ -140,6 +147,25 @@ def _report_progress() -> None:
         if n is not None and n != last:
             last = n
             send(f"progress {n[1]}")
+
+
+def _report_window(window):
+    """Send a `perf` line (diag/perf.py) when the window begun at `window` is WINDOW_S old; the new window."""
+    from trainrun.diag import perf
+
+    engine = _engine
+    now = time.perf_counter_ns()
+    counters = perf.read(engine, now) if engine is not None else None
+    if counters is None:
+        return None
+    if window is None or window[0] != id(engine):
+        return id(engine), counters
+    if now - window[1].t_ns < perf.WINDOW_S * 1e9:
+        return window
+    text = perf.line(window[1], counters)
+    if text:
+        send(text)
+    return id(engine), counters
 
 
 def _engines() -> list:

@@ -176,7 +176,7 @@ class AgentRanks:
             if beat is not None and beat.echo is not None:
                 self.clock.add(beat.echo, beat.t, time.time())
         elif kind == wire.PROGRESS:
-            self.events.on_progress(rank)
+            self.events.on_progress(rank, payload.decode(errors="replace"))
         elif kind == wire.STALL:
             self.events.on_stall(rank, payload.decode(errors="replace"))
         elif kind == wire.STACKS:

@@ -60,8 +60,9 @@ class RankEvents(Protocol):
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         """A host could not do its part (e.g. a program did not start there)."""
 
-    def on_progress(self, rank: int) -> None:
-        """The rank's runtime made progress (collectives completed): it is not hung."""
+    def on_progress(self, rank: int, perf: str = "") -> None:
+        """The rank's runtime made progress (collectives completed): it is not hung. `perf`: empty, or
+        a window summary "WALL WAIT COLL LAST STEPS" (diag/perf.py) for straggler detection."""
 
     def on_stall(self, rank: int, stuck: str = "") -> None:
         """The rank's runtime raised a StallError: it asks for every rank's stack. With `stuck`

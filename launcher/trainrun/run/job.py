@@ -92,6 +92,7 @@ class Job:
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
+        self.stragglers = None  # run/straggler.Watch, where the job has more than one rank
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -168,8 +169,10 @@ class Job:
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
         self.fail(exit_code, f"{host}: {message}")
 
-    def on_progress(self, rank: int) -> None:
+    def on_progress(self, rank: int, perf: str = "") -> None:
         self._last_activity = time.monotonic()
+        if perf and self.stragglers is not None:
+            self.stragglers.on_window(rank, perf, self._last_activity)
 
     def on_stall(self, rank: int, stuck: str = "") -> None:
         if stuck:

@@ -221,7 +221,7 @@ class LocalRanks:
             sel.unregister(rank.pmi)
 
     def _read_diag(self, rank: _Rank, sel) -> None:
-        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, stall, stuck."""
+        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, perf, stall, stuck."""
         try:
             data = os.read(rank.diag, 4096)
         except BlockingIOError:
@@ -242,6 +242,8 @@ class LocalRanks:
                 rank.hook = HookInfo(int(pid), int(ident), path)
             elif word == "progress":
                 self.events.on_progress(rank.spec.rank)
+            elif word == "perf":  # a window summary (diag/perf.py): progress too
+                self.events.on_progress(rank.spec.rank, rest)
             elif word == "stall":
                 self.events.on_stall(rank.spec.rank)
             elif word == "stuck":

@@ -73,6 +73,7 @@ class Driver:
             flags |= rounds.ABORT
         if self._coord is not None and self._wants_phase():
             flags |= rounds.PHASE
+        self._sent_prev, self._sent = self._sent, self._mask
         return self._start_round(rounds.encode(flags, self._mask, self._cache.words))
 
     def _start_round(self, send: bytes):
@@ -104,6 +105,10 @@ class Driver:
             elif self._partial_since is None:
                 self._partial_since = time.monotonic()
         if ready:
+            if self.measure:  # ops whose bit this rank first sent in this very round: it came last (or tied)
+                self.collectives += ready.bit_count()
+                self.last += (ready & self._sent & ~self._sent_prev).bit_count()
+                self._sent &= ~ready  # (a resubmission of the same op next round is a new one)
             self._run_cached(ready)
         if or_v & rounds.FLAG_MASK:
             self._phase()

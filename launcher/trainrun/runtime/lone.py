@@ -14,12 +14,18 @@ is open; otherwise the caller takes the general path, which checks.
 from __future__ import annotations
 
 import time
+from time import perf_counter_ns
 
 from trainrun.runtime.exceptions import HorovodInternalError
 from trainrun.runtime.messages import Meta
 from trainrun.runtime.ops import Request
 from trainrun.runtime.timing import WAITER_SPIN_S
 from trainrun.runtime.waiting import POLICY
+
+# a lone op whose solo round completed within this long after it was posted counts as this rank's
+# arriving last (every rank sends the op in its one round, so the round bits cannot tell): a peer that
+# was already waiting answers in microseconds; one that had not yet posted keeps this rank far longer
+LONE_LAST_NS = 1_000_000
 
 
 class LoneOp:
@@ -34,16 +40,26 @@ class LoneOp:
                 or not self._drive.acquire(blocking=False):
             return False
         adopted = False
+        t0 = perf_counter_ns() if self.measure else 0
         try:
             if not self._quiet():
                 return False
             if self._solo_round(cid):  # every rank has this op and nothing else: run it
+                if t0:  # (diag/perf.py) its round completed at once: this rank came last
+                    waited = perf_counter_ns() - t0
+                    self.wait_ns += waited
+                    self.waits += 1
+                    self.collectives += 1
+                    self.last += waited < LONE_LAST_NS
                 if req is None:
                     self._coll.allreduce_arrays(send, recv, meta.op, meta.postscale)
                 else:
                     req.handle.result = self._reduce([req.name], [req])[0]
                     req.handle.done = True
                 return True
+            if t0:  # it waited for a peer: not last (the round bits say so too: no new bit next round)
+                self.wait_ns += perf_counter_ns() - t0
+                self._sent = self._sent_prev = 1 << cid
             # the others had more to agree on, or are late: from here on an ordinary request
             if req is None:
                 req = Request("allreduce", meta.name, recv if send is None else send, recv, meta.shape, meta.dtype,

@@ -267,6 +267,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
         self._handles.clear()
         self._synchronized = True
+        state.engine(self._process_set).steps += 1  # (diag/perf.py: steps per window)
 
     @contextmanager
     def skip_synchronize(self):

@@ -1,0 +1,48 @@
+"""Window summaries of a rank's collectives for straggler detection (run/straggler.py), sent on the
+diag pipe by the diag thread (rankhook.py) once per WINDOW_S:
+
+    perf WALL_MS WAIT_MS COLLECTIVES LAST STEPS
+
+over the window: its length, the time user threads spent blocked in collectives (the rest is compute,
+data loading included), the cached collectives run, how many of them this rank was the last to join
+(its bit entered the agreement round that made the op ready everywhere; ties count for every rank in
+them), and optimizer steps (torch DistributedOptimizer.synchronize; 0 without one: the launcher then
+counts blocking waits, sent as a negative number). The engine keeps the counters as plain ints on its
+hot path (a perf_counter_ns pair per blocking wait, a few int operations per round); this module only
+reads and differences them, so the measurement costs the training step nothing more. TRAINRUN_STRAGGLER=0
+turns the engine's measurement off (for A/B benchmarks); then no line is sent.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WINDOW_S = 4.0  # short enough that a straggler is named within HORIZON_S (run/straggler.py) of slowing
+
+
+@dataclass(frozen=True)
+class Counters:
+    t_ns: int
+    wait_ns: int
+    waits: int
+    collectives: int
+    last: int
+    steps: int
+
+
+def read(engine, t_ns: int) -> Counters | None:
+    """The engine's counters now (None when it does not measure)."""
+    if not getattr(engine, "measure", False):
+        return None
+    return Counters(t_ns, engine.wait_ns, engine.waits, engine.collectives, engine.last, engine.steps)
+
+
+def line(before: Counters, now: Counters) -> str | None:
+    """The `perf` line for the window between two readings; None for a window without collectives."""
+    coll = now.collectives - before.collectives
+    waits = now.waits - before.waits
+    if coll <= 0 and waits <= 0:
+        return None
+    steps = now.steps - before.steps
+    wall_ms = (now.t_ns - before.t_ns) // 1_000_000
+    wait_ms = min(wall_ms, (now.wait_ns - before.wait_ns) // 1_000_000)
+    return f"perf {wall_ms} {wait_ms} {max(coll, 0)} {now.last - before.last} {steps if steps > 0 else -waits}"
