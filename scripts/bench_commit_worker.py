@@ -1,11 +1,12 @@
 """The rank of `scripts/bench_elastic.py`'s commit benchmark (run by trainrun -np 2 --max-restarts 1, so that
 commit() takes the elastic path: local rank 0 writes the host's /dev/shm segment, the other rank keeps its
 own copy, both join the host-update check). For each size, a torch model of that many MiB (1 MiB Linear
-layers) in a TorchState; rounds interleave: a 50 ms pause (the training step between two commits: the
-host-update check's broadcast, started by one commit, completes in it), commit(), a plain memcpy of the same
+layers) in a TorchState; rounds interleave, each call after a 50 ms pause (the training step between two
+commits, in which the host-update check's broadcast started by one commit completes; every call starts with
+caches as cold as the others'): commit(), a plain memcpy of the same
 bytes (np.copyto into one warm buffer: cache-hot below the L3 size), the same memcpy into two buffers in turn
 (the pattern of a segment's two slots), and the checksums alone (xxh3, crc32). Rank 0 prints one `cost` line
-per size (medians, s)."""
+per size (medians, then the fastest commit and memcpy; seconds)."""
 import statistics
 import sys
 import time
@@ -18,12 +19,13 @@ import trainrun.runtime as hvd
 import trainrun.torch.elastic as elastic
 from trainrun.elastic import shm_slot
 
-ROUNDS = 9
+ROUNDS = 15
 hvd.init()
 torch.set_num_threads(1)
 
 
 def timed(f) -> float:
+    time.sleep(0.05)  # before every timed call alike: other processes run meanwhile (caches as cold for each)
     t = time.perf_counter()
     f()
     return time.perf_counter() - t
@@ -41,7 +43,6 @@ for mib in [int(x) for x in sys.argv[1].split(",")]:
         np.copyto(pair[i], src)
     commit, copy, copy2, xxh, crc = [], [], [], [], []
     for i in range(ROUNDS):
-        time.sleep(0.05)
         with torch.no_grad():
             layers[0].weight.add_(1.0)  # the state changes between commits, as in training
         commit.append(timed(state.commit))
@@ -51,5 +52,5 @@ for mib in [int(x) for x in sys.argv[1].split(",")]:
         crc.append(timed(lambda: zlib.crc32(src)))
     if hvd.rank() == 0:
         med = statistics.median
-        print(f"cost {mib} {med(commit)} {med(copy)} {med(copy2)} {med(xxh)} {med(crc)}", flush=True)
+        print(f"cost {mib} {med(commit)} {med(copy)} {med(copy2)} {med(xxh)} {med(crc)} {min(commit)} {min(copy)}", flush=True)
     state = model = layers = src = dst = pair = None  # freed before the next size
