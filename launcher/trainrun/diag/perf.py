@@ -1,13 +1,15 @@
 """Window summaries of a rank's collectives for straggler detection (run/straggler.py), sent on the
 diag pipe by the diag thread (rankhook.py) once per WINDOW_S:
 
-    perf WALL_MS WAIT_MS COLLECTIVES LAST STEPS
+    perf WALL_MS WAIT_MS COLLECTIVES LAST STEPS BEFORE_MS
 
 over the window: its length, the time user threads spent blocked in collectives (the rest is compute,
 data loading included), the cached collectives run, how many of them this rank was the last to join
 (its bit entered the agreement round that made the op ready everywhere; ties count for every rank in
 them), and optimizer steps (torch DistributedOptimizer.synchronize; 0 without one: the launcher then
-counts blocking waits, sent as a negative number). The engine keeps the counters as plain ints on its
+counts blocking waits, sent as a negative number), and the time from the end of each step to the next
+step's first collective (data loading and the forward pass: before the step; the rest of compute is
+inside it; 0 without an optimizer). The engine keeps the counters as plain ints on its
 hot path (a perf_counter_ns pair per blocking wait, a few int operations per round); this module only
 reads and differences them, so the measurement costs the training step nothing more. TRAINRUN_STRAGGLER=0
 turns the engine's measurement off (for A/B benchmarks); then no line is sent.
@@ -27,13 +29,14 @@ class Counters:
     collectives: int
     last: int
     steps: int
+    before_ns: int
 
 
 def read(engine, t_ns: int) -> Counters | None:
     """The engine's counters now (None when it does not measure)."""
     if not getattr(engine, "measure", False):
         return None
-    return Counters(t_ns, engine.wait_ns, engine.waits, engine.collectives, engine.last, engine.steps)
+    return Counters(t_ns, engine.wait_ns, engine.waits, engine.collectives, engine.last, engine.steps, engine.before_ns)
 
 
 def line(before: Counters, now: Counters) -> str | None:
@@ -45,4 +48,5 @@ def line(before: Counters, now: Counters) -> str | None:
     steps = now.steps - before.steps
     wall_ms = (now.t_ns - before.t_ns) // 1_000_000
     wait_ms = min(wall_ms, (now.wait_ns - before.wait_ns) // 1_000_000)
-    return f"perf {wall_ms} {wait_ms} {max(coll, 0)} {now.last - before.last} {steps if steps > 0 else -waits}"
+    before_ms = (now.before_ns - before.before_ns) // 1_000_000
+    return f"perf {wall_ms} {wait_ms} {max(coll, 0)} {now.last - before.last} {steps if steps > 0 else -waits} {before_ms}"

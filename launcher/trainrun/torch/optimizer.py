@@ -15,6 +15,7 @@ import os
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from time import perf_counter_ns
 
 import torch
 
@@ -267,7 +268,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
         self._handles.clear()
         self._synchronized = True
-        state.engine(self._process_set).steps += 1  # (diag/perf.py: steps per window)
+        engine = state.engine(self._process_set)  # (diag/perf.py: steps per window, the time before each)
+        engine.steps += 1
+        if engine.measure:
+            engine.step_end = perf_counter_ns()
 
     @contextmanager
     def skip_synchronize(self):
