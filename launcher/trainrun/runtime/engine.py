@@ -67,7 +67,7 @@ from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import Handle, Request
 from trainrun.runtime.round_port import RoundPort
 from trainrun.runtime.timing import BACKGROUND_SPIN_S, IDLE_S, MAX_SLEEP_S, WAITER_SPIN_S
-from trainrun.runtime.waiting import POLICY
+from trainrun.runtime.waiting import POLICY, ROUND_SLEEP_S
 
 _SHUT_DOWN = "trainrun has been shut down; call init() again to use collectives"
 _new_tuple = tuple.__new__
@@ -75,7 +75,8 @@ _new_tuple = tuple.__new__
 
 class _Backoff:
     """How long a poller with nothing to do should wait: 0 (just yield) while waiting.POLICY lets a
-    wait this long after the last progress spin (`spin_s` at most), then growing sleeps up to MAX_SLEEP_S."""
+    wait this long after the last progress spin (`spin_s` at most), then growing sleeps up to MAX_SLEEP_S
+    (TRAINRUN_WAIT=spin) or waiting.ROUND_SLEEP_S."""
 
     def __init__(self, spin_s: float):
         self._spin = spin_s
@@ -88,7 +89,7 @@ class _Backoff:
         idle = time.monotonic() - self._since
         if POLICY.spins:  # TRAINRUN_WAIT=spin: the earlier rule, unchanged
             return 0.0 if idle < self._spin else min(MAX_SLEEP_S, idle / 16)
-        return 0.0 if POLICY.spin(idle, self._spin) else POLICY.sleep_s(idle)
+        return 0.0 if POLICY.spin(idle, self._spin) else POLICY.sleep_s(idle, ROUND_SLEEP_S)
 
 
 class Engine(LoneOp, Driver, Completion):

@@ -15,8 +15,10 @@ Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
     spin  -- age_s < budget_s (the behaviour before this policy: spin for the budget, then back off);
     block -- only while age_s < FLOOR_S (a wait that short costs less spinning than a sleep's wake-up);
     auto  -- block's answer when the host is oversubscribed (more runnable tasks than cores), else spin's.
-- `sleep_s(age_s)`: how long to sleep between polls once spin() says no: grows with the age, from
-  MIN_SLEEP_S to MAX_SLEEP_S, so a late peer costs at most ~MAX_SLEEP_S of extra latency.
+- `sleep_s(age_s, cap_s)`: how long to sleep between polls once spin() says no: a sixteenth of the
+  age, from MIN_SLEEP_S up to `cap_s` (MAX_SLEEP_S for an MPI request, whose transfer moves only
+  while someone polls; ROUND_SLEEP_S for the engine's rounds, which only wait for peers): a late peer
+  costs at most ~1/16 of its lateness, and the cap, in extra latency.
 - `wait_request(request)`: complete an MPI request by that rule. In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
@@ -35,7 +37,8 @@ ENV = "TRAINRUN_WAIT"
 SAMPLE_S = 0.1        # how often the host's load is read
 FLOOR_S = 30e-6       # every wait may poll this long: shorter than a sleep's wake-up on a busy host
 MIN_SLEEP_S = 20e-6   # the first sleep once polling stops
-MAX_SLEEP_S = 0.0002  # the longest sleep between polls (the extra latency a late peer can cost)
+MAX_SLEEP_S = 0.0002  # the longest sleep between MPI_Tests of a data transfer
+ROUND_SLEEP_S = 0.001  # the longest sleep of the engine's loops waiting for peers' rounds
 SPIN_TESTS = 256      # spin mode's MPI_Tests before MPI_Wait (~100 us: a small op's whole time)
 
 
@@ -57,9 +60,9 @@ def decide(mode: str, age_s: float, budget_s: float, running: int, cores: int) -
     return age_s < budget_s
 
 
-def backoff_s(age_s: float) -> float:
-    """Pure rule of `Policy.sleep_s`: a sixteenth of the age, within [MIN_SLEEP_S, MAX_SLEEP_S]."""
-    return min(MAX_SLEEP_S, max(MIN_SLEEP_S, age_s / 16))
+def backoff_s(age_s: float, cap_s: float = MAX_SLEEP_S) -> float:
+    """Pure rule of `Policy.sleep_s`: a sixteenth of the age, within [MIN_SLEEP_S, cap_s]."""
+    return min(cap_s, max(MIN_SLEEP_S, age_s / 16))
 
 
 class HostLoad:
@@ -94,6 +97,11 @@ class Policy:
         self.mode = mode_from(mode)
         self.load = load or HostLoad()
         self.spins = self.mode == "spin"  # the earlier behaviour, unchanged (callers branch on it)
+
+    def set_mode(self, mode: str) -> None:
+        """Switch the mode at run time, from the next wait on (a benchmark's same-process A/B)."""
+        self.mode = mode_from(mode)
+        self.spins = self.mode == "spin"
 
     def oversubscribed(self) -> bool:
         """More runnable tasks than cores at the last sample (auto's question)."""
