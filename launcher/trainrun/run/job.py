@@ -36,6 +36,7 @@ from trainrun.plan.spec import LaunchPlan
 from trainrun.run.groups import ExitInfo
 from trainrun.run.output import OutputSink
 from trainrun.run.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
+from trainrun.run.straggler import Watch
 from trainrun.run.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
@@ -92,7 +93,8 @@ class Job:
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
-        self.stragglers = None  # run/straggler.Watch, where the job has more than one rank
+        # who holds the job back (run/straggler.py), from the ranks' window summaries
+        self.stragglers = Watch({p.rank: p.assignment.host for p in plan.procs}) if len(plan.procs) > 1 else None
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -171,8 +173,9 @@ class Job:
 
     def on_progress(self, rank: int, perf: str = "") -> None:
         self._last_activity = time.monotonic()
-        if perf and self.stragglers is not None:
-            self.stragglers.on_window(rank, perf, self._last_activity)
+        if perf and self.stragglers is not None and self._stopped_at is None:
+            for line in self.stragglers.on_window(rank, perf, self._last_activity):
+                log.warning("%s", line)
 
     def on_stall(self, rank: int, stuck: str = "") -> None:
         if stuck:
@@ -383,6 +386,9 @@ class Job:
             if self.world is not None:
                 self.world.cleanup()
             self.sink.close()
+            if self.stragglers is not None:
+                for line in self.stragglers.summary():
+                    log.warning("%s", line)
             self._settle()
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():

@@ -1,0 +1,264 @@
+"""Naming the straggler: the ranks' window summaries in, verdicts out (pure; the Job prints them).
+
+Each rank sends, every diag/perf.WINDOW_S, how long it was blocked in collectives (WAIT) out of the
+window (WALL), how many collectives it ran (COLL) and of how many it was the last rank to join (LAST,
+ties counting for each rank in them). A straggler is the rank everyone waits for: it is last to most
+collectives, it waits little itself, and the others wait a real share of their time. Per rank and per
+host (all its ranks together), over the windows that arrived in the last HORIZON_S:
+
+- last share: the mean over its windows of LAST / COLL (a host: its ranks' LAST summed, at most 1);
+  each window weighs alike, so slow windows (fewer collectives) count as much as the fast ones before.
+- it is a straggler when its last share >= LAST_SHARE, exceeds the median of the others' by
+  LAST_MARGIN (ties: in a balanced job several ranks often join the same round, every one of them
+  "last", so only a share well above the others' means anything), the others' median wait share is
+  >= WAIT_SHARE (below that the slow rank costs the job little: not worth a line), and its own wait
+  share is at most OWN_WAIT_FACTOR times the others' (the slow rank is the one that does not wait).
+- a host is named instead of a rank when every rank of a multi-rank host passes the wait test and
+  the host together passes the share test, against the other hosts' shares (each host's ranks
+  summed): a slow host slows all its ranks, of which one is last.
+- it has recovered when it no longer passes with the RECOVER_* (looser) thresholds: hysteresis, so a
+  borderline rank does not flap.
+Each rank's first window is dropped (it holds start-up: ranks import and build models at different
+speeds, and wait for each other in the first broadcasts), and every rank must have MIN_WINDOWS
+windows in the horizon before any verdict.
+
+Where the straggler loses its time: its compute (wall minus blocked time) splits into the time before
+each optimizer step (BEFORE: from the end of one step to the next step's first collective, i.e. data
+loading and the forward pass) and the rest (backward, optimizer, whatever runs inside the step). If its
+excess over the others' median is mostly (WHERE_FACTOR times the other part) before the step, the line
+says "before the step (data loading or the forward pass)"; mostly inside, "inside the step (compute)".
+The runtime cannot tell the loader from the forward pass: neither calls it. Without an optimizer
+(steps unknown) nothing is said.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+HORIZON_S = 30.0
+LAST_SHARE = 0.6
+LAST_MARGIN = 0.3
+WAIT_SHARE = 0.10
+OWN_WAIT_FACTOR = 0.5
+RECOVER_LAST_SHARE = 0.45
+RECOVER_WAIT_SHARE = 0.05
+MIN_WINDOWS = 2  # per rank in the horizon: one window of a loaded machine's noise is not a verdict
+WHERE_FACTOR = 2.0
+MIN_COLLECTIVES = 5  # per rank in the horizon: fewer says nothing about who is last
+
+
+@dataclass(frozen=True)
+class Window:
+    """One rank's window summary (diag/perf.py), stamped with the launcher's clock on arrival."""
+    rank: int
+    at: float
+    wall_ms: int
+    wait_ms: int
+    collectives: int
+    last: int
+    steps: int  # optimizer steps; negative: blocking waits, without an optimizer
+    before_ms: int = 0
+
+    @classmethod
+    def parse(cls, rank: int, text: str, at: float) -> Window | None:
+        try:
+            fields = [int(x) for x in text.split()]
+            wall, wait, coll, last, steps = fields[:5]
+        except ValueError:
+            return None
+        before = fields[5] if len(fields) > 5 else 0
+        return cls(rank, at, wall, wait, coll, last, steps, before) if wall > 0 else None
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A rank's (or a host's) figures over the horizon."""
+    last_share: float
+    wait_share: float
+    compute_ms: float  # blocked time subtracted: compute, data loading included
+    collectives: int
+    steps: int
+    before_ms: float = 0.0  # of compute_ms: before the optimizer steps (0 without one)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`who`: the rank(s) named, all of one host; `host` set when the whole host is named."""
+    ranks: tuple[int, ...]
+    host: str | None
+    last_share: float      # of the named rank or host
+    others_wait: float     # the others' median wait share
+    compute_ratio: float   # its compute time over the others' median (inf when theirs is 0)
+    span_s: float          # the time the windows cover
+    where: str = ""        # "before" the step (loader, forward), "inside" it, or "" (unknown)
+
+    @property
+    def key(self) -> tuple:
+        return self.ranks
+
+
+def rank_stats(windows) -> Stats | None:
+    ws = list(windows)
+    coll = sum(w.collectives for w in ws)
+    if not ws or coll < MIN_COLLECTIVES:
+        return None
+    shares = [min(1.0, w.last / w.collectives) for w in ws if w.collectives > 0]
+    wall = sum(w.wall_ms for w in ws)
+    wait = sum(w.wait_ms for w in ws)
+    return Stats(sum(shares) / len(shares) if shares else 0.0, wait / wall if wall else 0.0, float(wall - wait),
+                 coll, sum(abs(w.steps) for w in ws) if all(w.steps > 0 for w in ws) else 0,
+                 float(sum(w.before_ms for w in ws)))
+
+
+def judge(stats: dict[int, Stats], hosts: dict[int, str], current: Verdict | None, span_s: float) -> Verdict | None:
+    """The straggler among ranks with `stats` (rank -> host in `hosts`), or None. `current`: the one
+    named now, judged with the looser RECOVER_* thresholds."""
+    if len(stats) < 2:
+        return None
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(stats):
+        by_host.setdefault(hosts.get(r, "?"), []).append(r)
+
+    def test(group: list[int], loose: bool) -> Verdict | None:
+        others = [r for r in stats if r not in group]
+        if not others:
+            return None
+        share = min(1.0, sum(stats[r].last_share for r in group))
+        if len(group) > 1:  # a host against the other hosts, each its ranks together
+            others_share = statistics.median(min(1.0, sum(stats[r].last_share for r in g))
+                                             for h, g in by_host.items() if g != group)
+        else:
+            others_share = statistics.median(stats[r].last_share for r in others)
+        others_wait = statistics.median(stats[r].wait_share for r in others)
+        own_wait = max(stats[r].wait_share for r in group)
+        if loose:
+            if share < RECOVER_LAST_SHARE or others_wait < RECOVER_WAIT_SHARE:
+                return None
+        elif (share < LAST_SHARE or share - others_share < LAST_MARGIN or others_wait < WAIT_SHARE
+              or own_wait > OWN_WAIT_FACTOR * others_wait):
+            return None
+        mine = statistics.mean(stats[r].compute_ms for r in group)
+        theirs = statistics.median(stats[r].compute_ms for r in others)
+        host = hosts.get(group[0]) if len(group) > 1 else None
+        return Verdict(tuple(group), host, share, others_wait, mine / theirs if theirs > 0 else float("inf"), span_s,
+                       where_lost(group, others, stats))
+
+    if current is not None:  # still there?
+        return test(list(current.ranks), loose=True)
+    if len(by_host) > 1:
+        for host, group in by_host.items():
+            if len(group) > 1:
+                v = test(group, loose=False)
+                if v is not None:
+                    return v
+    best = max(stats, key=lambda r: stats[r].last_share)
+    return test([best], loose=False)
+
+
+def where_lost(group: list[int], others: list[int], stats: dict[int, Stats]) -> str:
+    """'before' or 'inside' the step: where `group`'s compute exceeds the others' (see the module docstring)."""
+    if any(stats[r].steps <= 0 for r in group + others):
+        return ""
+    per_step = {r: (stats[r].before_ms / stats[r].steps, (stats[r].compute_ms - stats[r].before_ms) / stats[r].steps)
+                for r in group + others}
+    d_before = statistics.mean(per_step[r][0] for r in group) - statistics.median(per_step[r][0] for r in others)
+    d_inside = statistics.mean(per_step[r][1] for r in group) - statistics.median(per_step[r][1] for r in others)
+    if d_before > 0 and d_before >= WHERE_FACTOR * max(d_inside, 0.0):
+        return "before"
+    if d_inside > 0 and d_inside >= WHERE_FACTOR * max(d_before, 0.0):
+        return "inside"
+    return ""
+
+
+WHERE_WORDS = {"before": "its time goes before the step (data loading or the forward pass)",
+               "inside": "its time goes inside the step (compute: backward, optimizer)"}
+
+
+def describe(v: Verdict, hosts: dict[int, str]) -> str:
+    """The line printed when `v` is first seen (without the 'trainrun: ' prefix)."""
+    if v.host is not None:
+        who = f"host {v.host} (ranks {', '.join(map(str, v.ranks))})"
+        was = "its ranks were"
+    else:
+        who = f"rank {v.ranks[0]} on {hosts.get(v.ranks[0], '?')}"
+        was = "it was"
+    ratio = "" if v.compute_ratio == float("inf") else f" (compute {v.compute_ratio:.1f}x the median)"
+    where = f"; {WHERE_WORDS[v.where]}" if v.where else ""
+    return (f"straggler: {who}: {was} last to {v.last_share:.0%} of collectives in the last {v.span_s:.0f} s; "
+            f"the other ranks waited {v.others_wait:.0%} of their time for it{ratio}{where}")
+
+
+def recovered(v: Verdict, hosts: dict[int, str]) -> str:
+    who = f"host {v.host}" if v.host is not None else f"rank {v.ranks[0]} on {hosts.get(v.ranks[0], '?')}"
+    return f"straggler: {who} keeps up again"
+
+
+@dataclass
+class Watch:
+    """The Job's straggler state: `on_window` takes each window and returns the lines to print
+    (a straggler named, or recovered); `summary()` the end-of-job lines (only if one was seen)."""
+    hosts: dict[int, str]
+    windows: dict[int, deque] = field(default_factory=dict)
+    started: set = field(default_factory=set)  # ranks whose first (start-up) window was dropped
+    current: Verdict | None = None
+    seen: list[Verdict] = field(default_factory=list)
+    totals: dict[int, list] = field(default_factory=dict)  # rank -> [wall_ms, wait_ms, coll, last]
+
+    def on_window(self, rank: int, text: str, now: float) -> list[str]:
+        w = Window.parse(rank, text, now)
+        if w is None:
+            return []
+        if rank not in self.started:
+            self.started.add(rank)
+            return []
+        self.windows.setdefault(rank, deque()).append(w)
+        t = self.totals.setdefault(rank, [0, 0, 0, 0])
+        t[0] += w.wall_ms
+        t[1] += w.wait_ms
+        t[2] += w.collectives
+        t[3] += w.last
+        return self.evaluate(now)
+
+    def evaluate(self, now: float) -> list[str]:
+        for q in self.windows.values():
+            while q and q[0].at < now - HORIZON_S:
+                q.popleft()
+        if len(self.windows) < len(self.hosts) or any(len(q) < MIN_WINDOWS for q in self.windows.values()):
+            return []
+        stats = {r: s for r, q in self.windows.items() if (s := rank_stats(q)) is not None}
+        if len(stats) < len(self.hosts):
+            return []
+        oldest = min(q[0].at - q[0].wall_ms / 1000 for q in self.windows.values())
+        v = judge(stats, self.hosts, self.current, min(HORIZON_S, now - oldest))
+        out = []
+        if self.current is not None and v is None:
+            out.append(recovered(self.current, self.hosts))
+            self.current = None
+        elif self.current is None and v is not None:
+            self.current = v
+            self.seen.append(v)
+            out.append(describe(v, self.hosts))
+        return out
+
+    def summary(self, limit: int = 3) -> list[str]:
+        """The slowest ranks and hosts over the whole job, with advice; empty if no straggler was seen."""
+        if not self.seen:
+            return []
+        share = {r: (t[3] / t[2] if t[2] else 0.0, 1 - (t[1] / t[0] if t[0] else 0.0)) for r, t in self.totals.items()}
+        ranks = sorted(share, key=lambda r: share[r], reverse=True)[:limit]
+        host_of = self.hosts
+        lines = ["straggler summary (last share, compute share of wall time, over the whole job): " + ", ".join(
+            f"rank {r} on {host_of.get(r, '?')} {share[r][0]:.0%} / {share[r][1]:.0%}" for r in ranks)]
+        one_host = len(set(host_of.values())) == 1
+        named = {v.host or host_of.get(v.ranks[0], "?") for v in self.seen}
+        for h in sorted(named):
+            whom = [f"rank {v.ranks[0]}" for v in self.seen if v.host is None and host_of.get(v.ranks[0]) == h]
+            who = " and ".join(sorted(set(whom))) + f" on {h}" if whom and (one_host or not any(
+                v.host == h for v in self.seen)) else h
+            if one_host:  # nothing to leave out: the rank itself is slower (its data, its share of the cores)
+                lines.append(f"straggler: {who} held the job back; `trainrun --check --perf` measures the host's compute")
+            else:
+                lines.append(f"straggler: {who} held the job back; compare the hosts with `trainrun --check --perf`, "
+                             f"or leave it out with `--exclude {h}`")
+        return lines
