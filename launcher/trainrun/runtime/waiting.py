@@ -129,11 +129,12 @@ class Policy:
         for _ in range(8):  # the in-step case of a small op: done before the clock is worth reading
             if test():
                 return
-        start = time.monotonic()
+        clock = time.monotonic
+        start = clock()
         spin, sleep = self.spin, time.sleep
         while not test():
-            age = time.monotonic() - start
-            if not spin(age, budget_s):
+            age = clock() - start
+            if age >= FLOOR_S and not spin(age, budget_s):  # (under the floor every mode polls)
                 sleep(backoff_s(age))
 
 
