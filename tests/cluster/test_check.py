@@ -172,10 +172,13 @@ def test_no_python_on_a_host(cluster, tmp_path):
 
 
 def test_missing_py_program_on_a_remote_host_is_127(cluster, tmp_path):
-    """Before: Python's own `can't open file` on every rank and exit 2. (The agent reports it as the job's first
-    failure: the summary's first line names it; the lines after it are the job report's.)"""
+    """Before: Python's own `can't open file` on every rank and exit 2. The agent reports it (a FATAL frame) and
+    exits: one line, 127, no host loss."""
     run = launch(cluster, "-H", "h2:2", "--workdir", str(tmp_path), "no_such_train.py", cwd=tmp_path)
     first = run.stderr.strip().splitlines()[0]
     assert run.returncode == 127, run.stderr
     assert first.startswith("trainrun: h2: rank 0 on h2: program no_such_train.py: no such file"), run.stderr
     assert "Traceback" not in run.stderr and "can't open file" not in run.stderr
+    # the agent's own report is the whole story: its exit after it is no lost host (before: "lost the agent on
+    # h2" and its ranks "exited with code 255" followed, and a cleanup of h2 over a new connection)
+    assert "lost" not in run.stderr and "255" not in run.stderr and "new connection" not in run.stderr, run.stderr

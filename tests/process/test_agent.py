@@ -242,3 +242,18 @@ def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
         owner.wait()
         for pid in procs_with(token):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_program_missing_on_the_agents_host_is_one_line_and_127_with_no_host_loss(tmp_path):
+    """The agent reports its ranks could not start (FATAL frame, 127) and exits: that exit is no lost host.
+    Before: 'lost the agent on far' and its ranks 'exited with code 255' followed as consequences, and the
+    summary started a sweep of a host that had said goodbye."""
+    import subprocess
+
+    pipe_trainrun = os.path.join(os.path.dirname(__file__), "..", "elastic", "pipe_trainrun.py")
+    p = subprocess.run([sys.executable, pipe_trainrun, "-H", "far:2", "no_such_train.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 127, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainrun: far: rank 0 on far: program no_such_train.py: no such file"), p.stderr
+    assert "lost" not in p.stderr and "255" not in p.stderr and "new connection" not in p.stderr

@@ -169,6 +169,10 @@ class AgentRanks:
         elif kind == wire.FATAL:
             message, _, code = payload.decode().rpartition("|")
             self.events.on_host_failed(self.host, message, int(code))
+            if not self._job.elastic:
+                # the agent said why it gives up (its ranks did not all start) and now exits: its ranks are
+                # accounted for by that failure, so the channel's end that follows is no host loss
+                self._pending.clear()
         elif kind == wire.STARTED:
             log.info("%s: ranks started, pids %s", self.host, json.loads(payload))
         elif kind == wire.BEAT:
