@@ -2,8 +2,9 @@
 
 Eagerly, a CPU tensor reaches the runtime as a NumPy view of its own buffer (`EagerTensor._numpy()`,
 no copy) and the runtime's result array becomes a tensor through DLPack (no copy either). Inside
-`tf.function` or a TF1 graph each op is one `tf.numpy_function` node that runs the same NumPy path
-when the graph executes (stateful, so tf.function keeps the program's order of collectives).
+`tf.function` or a TF1 graph each op is a submit node, an asynchronous wait node and a finish node
+(graph_ops.py: the runtime's async ops; no node holds a TF thread while the collective is in flight,
+so any number of independent collectives in one graph complete, in any executor order).
 
 Names: an explicit `name` is used as is. Without one, eager ops take the runtime's per-kind counter
 (ranks calling in the same order agree); graph ops are named after their input tensor at trace time,
@@ -31,7 +32,7 @@ from trainrun.runtime.ops import handle_average_backwards_compatibility
 from trainrun.runtime import state
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
-from trainrun.tensorflow import buffers, failures, native
+from trainrun.tensorflow import buffers, failures, graph_ops
 from trainrun.tensorflow.compression import Compression
 
 from tensorflow.python.framework.ops import EagerTensor as _EagerTensor  # (no public name; making a tensor
@@ -85,39 +86,13 @@ def _graph_name(kind: str, name, tensor) -> str:
 _GRAPH_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> {name: times used}
 
 
-def _pyfunc(fn, inputs, tout, op_name):
-    """One stateful numpy_function node. bfloat16 crosses it as float32 (numpy_function hands bfloat16
-    back as zeros in TF 2.21), so such values are reduced in float32 and rounded once.
-
-    A failure of the collective leaves the node as (code, message) outputs, raised by a TrainrunCheck
-    node with Horovod's TF error type (failures.py) before any output is used; where that kernel cannot
-    be built the node raises (TF then reports UnknownError, or InvalidArgumentError for a ValueError)."""
-    bf16 = tf.bfloat16
-    inputs = [tf.cast(t, tf.float32) if t.dtype == bf16 else t for t in inputs]
-    many = isinstance(tout, (list, tuple))
-    touts = list(tout) if many else [tout]
-    node_touts = [tf.float32 if t == bf16 else t for t in touts]
-    check = native.check_op()
-    if check is None:
-        outs = tf.numpy_function(fn, inputs, node_touts, stateful=True, name=op_name)
-    else:
-        empties = [np.zeros(0, t.as_numpy_dtype) for t in node_touts]
-
-        def checked(*a):
-            try:
-                result = fn(*a)
-            except failures.CAUGHT as e:
-                return [*empties, *failures.code_of(e)]
-            return [*(result if many else [result]), _OK, _NO_MESSAGE]
-        *outs, code, message = tf.numpy_function(checked, inputs, [*node_touts, tf.int32, tf.string],
-                                                 stateful=True, name=op_name)
-        with tf.control_dependencies([check(code, message)]):
-            outs = [tf.identity(o) for o in outs]
-    outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
-    return outs if many else outs[0]
+def _started(fn, *args, process_set=None, **kw) -> tuple:
+    """(handle, engine) of the runtime's async op `fn` started on `process_set` (graph_ops' `start`)."""
+    return fn(*args, process_set=process_set, **kw), state.engine(process_set)
 
 
-_OK, _NO_MESSAGE = np.int32(failures.OK), np.bytes_(b"")
+def _same(result):
+    return result
 
 
 def _set_rank(process_set) -> tuple[int, int]:
@@ -149,7 +124,8 @@ def _allreduce(tensor, name, op, pre, post, process_set):
         np.copyto(out, a)  # the one copy an out-of-place op needs; the reduction then runs in place
         return _wrap(rt.allreduce_(out, name=name, **kw))
     gname = _graph_name("allreduce", name, tensor)
-    out = _pyfunc(lambda a: rt.allreduce(a, name=gname, **kw), [tensor], tensor.dtype, "TrainrunAllreduce")
+    out = graph_ops.collective(lambda a: _started(rt.allreduce_async, a, name=gname, **kw), _same, [tensor],
+                               tensor.dtype, "TrainrunAllreduce")
     out.set_shape(tensor.shape)
     return out
 
@@ -161,8 +137,8 @@ def _grouped_allreduce(tensors, name, op, pre, post, process_set) -> list:
     if _eager():
         return _grouped_eager([_view(t) for t in tensors], name, kw)
     gname = _graph_name("grouped_allreduce", name, tensors[0])
-    outs = _pyfunc(lambda *a: rt.grouped_allreduce(list(a), name=gname, **kw), tensors,
-                   [t.dtype for t in tensors], "TrainrunGroupedAllreduce")
+    outs = graph_ops.collective(lambda *a: _started(rt.grouped_allreduce_async, list(a), name=gname, **kw), _same,
+                                tensors, [t.dtype for t in tensors], "TrainrunGroupedAllreduce")
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
     return list(outs)
@@ -209,8 +185,8 @@ def _allgather(tensor, name, process_set):
     if _eager():
         return _wrap(rt.allgather(_view(tensor), name=name, process_set=process_set))
     gname = _graph_name("allgather", name, tensor)
-    out = _pyfunc(lambda a: rt.allgather(a, name=gname, process_set=process_set), [tensor], tensor.dtype,
-                  "TrainrunAllgather")
+    out = graph_ops.collective(lambda a: _started(rt.allgather_async, a, name=gname, process_set=process_set),
+                               _same, [tensor], tensor.dtype, "TrainrunAllgather")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
     return out
 
@@ -219,8 +195,9 @@ def _broadcast(tensor, root_rank, name, process_set):
     if _eager():
         return _wrap(rt.broadcast(_view(tensor), root_rank, name=name, process_set=process_set))
     gname = _graph_name("broadcast", name, tensor)
-    out = _pyfunc(lambda a: rt.broadcast(a, root_rank, name=gname, process_set=process_set), [tensor],
-                  tensor.dtype, "TrainrunBroadcast")
+    out = graph_ops.collective(
+        lambda a: _started(rt.broadcast_async, a, root_rank, name=gname, process_set=process_set), _same,
+        [tensor], tensor.dtype, "TrainrunBroadcast")
     out.set_shape(tensor.shape)
     return out
 
@@ -230,7 +207,8 @@ def _reducescatter(tensor, name, op, pre, post, process_set):
     if _eager():
         return _wrap(rt.reducescatter(_view(tensor), name=name, **kw))
     gname = _graph_name("reducescatter", name, tensor)
-    out = _pyfunc(lambda a: rt.reducescatter(a, name=gname, **kw), [tensor], tensor.dtype, "TrainrunReducescatter")
+    out = graph_ops.collective(lambda a: _started(rt.reducescatter_async, a, name=gname, **kw), _same, [tensor],
+                               tensor.dtype, "TrainrunReducescatter")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
     return out
 
@@ -416,8 +394,17 @@ def _alltoall(tensor, splits, name, process_set):
         return _wrap(out), tf.convert_to_tensor(received)
     gname = _graph_name("alltoall", name, tensor)
     inputs = [tensor] + ([tf.cast(splits, tf.int64)] if splits is not None else [])
-    out, received = _pyfunc(lambda a, *s: run(a, s[0] if s else None, gname), inputs, [tensor.dtype, tf.int64],
-                            "TrainrunAlltoall")
+
+    def start(a, *s):
+        s = s[0] if s else None
+        if s is None and a.ndim and a.shape[0] % n == 0:
+            s = [a.shape[0] // n] * n  # explicit, so that the received splits come back
+        return _started(rt.alltoall_async, a, s, name=gname, process_set=process_set)
+
+    def finish(result):  # (start raised for an indivisible dim 0 without splits: the runtime's message)
+        out, got = result
+        return out, np.asarray(got, dtype=np.int64)
+    out, received = graph_ops.collective(start, finish, inputs, [tensor.dtype, tf.int64], "TrainrunAlltoall")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
     received.set_shape([n])
     return out, received

@@ -1,13 +1,14 @@
-"""TensorFlow kernels trainrun builds from source on first use (check_op.cc: TrainrunCheck).
+"""TensorFlow kernels trainrun builds from source on first use (check_op.cc: TrainrunCheck, TrainrunWait).
 
 The library is compiled once per TensorFlow version and source with the compiler and flags TensorFlow
 reports (tf.sysconfig), into TRAINRUN_CACHE_DIR (default ~/.cache/trainrun), under a file lock so
 that the ranks of a job on one host compile it once. Where it cannot be built (no C++ compiler, no
-TensorFlow headers), or with TRAINRUN_TF_NATIVE=0, `check_op()` is None and callers keep their
-pure-Python behaviour.
+TensorFlow headers), or with TRAINRUN_TF_NATIVE=0, `check_op()` and `wait_op()` are None and callers
+keep their pure-Python behaviour.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import os
@@ -60,20 +61,37 @@ def _build(target: Path) -> None:
                 os.unlink(tmp)
 
 
-def check_op():
-    """The TrainrunCheck op (`check_op()(code, message)`), or None where it cannot be built (said once
-    on stderr)."""
+def _load():
+    """(the op module, the library through ctypes), or None where it cannot be built (said once)."""
     global _loaded
     if _loaded is _UNSET and os.environ.get("TRAINRUN_TF_NATIVE") == "0":
-        _loaded = None  # the user's choice: no kernel (graph errors stay UnknownError; a node less per op)
+        _loaded = None  # the user's choice: no kernels (see check_op, wait_op)
     if _loaded is _UNSET:
         try:
             path = library_path()
             if not path.exists():
                 _build(path)
-            _loaded = tf.load_op_library(str(path)).trainrun_check
+            ops = tf.load_op_library(str(path))
+            lib = ctypes.CDLL(str(path))  # the same loaded library: trainrun_release
+            lib.trainrun_release.argtypes, lib.trainrun_release.restype = [ctypes.c_int64], None
+            _loaded = (ops, lib)
         except Exception as e:  # noqa: BLE001 (any failure: fall back, and say why)
-            print(f"trainrun: warning: TensorFlow errors in graphs stay UnknownError: cannot build the "
-                  f"TrainrunCheck kernel ({e})", file=sys.stderr)
+            print(f"trainrun: warning: cannot build trainrun's TensorFlow kernels ({e}): TensorFlow errors in "
+                  f"graphs stay UnknownError, and a graph's collectives each hold an inter-op thread while they "
+                  f"wait", file=sys.stderr)
             _loaded = None
     return _loaded
+
+
+def check_op():
+    """The TrainrunCheck op (`check_op()(code, message)`), or None where it cannot be built (said once
+    on stderr)."""
+    loaded = _load()
+    return None if loaded is None else loaded[0].trainrun_check
+
+
+def wait_op():
+    """(TrainrunWait op, release) -- `wait_op()[0](id)` passes `id` on once `release(id)` was called,
+    holding no TF thread meanwhile -- or None where the kernels cannot be built."""
+    loaded = _load()
+    return None if loaded is None else (loaded[0].trainrun_wait, loaded[1].trainrun_release)

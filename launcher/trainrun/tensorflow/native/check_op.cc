@@ -35,3 +35,68 @@ REGISTER_OP("TrainrunCheck")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext*) { return absl::OkStatus(); });
 
 REGISTER_KERNEL_BUILDER(Name("TrainrunCheck").Device(tensorflow::DEVICE_CPU), TrainrunCheckOp);
+
+// TrainrunWait: pass a collective's id through once the collective is done, holding no thread meanwhile.
+//
+// A graph collective is a submit node (numpy_function: hands the op to trainrun's engine, returns an
+// id at once), this node, and a finish node (numpy_function: takes the result, which is ready). This
+// kernel is asynchronous: while the collective is in flight it occupies none of TensorFlow's inter-op
+// threads, so any number of collectives can be in flight in one step, started in any order. Python's
+// waiter thread (graph_ops.py) calls trainrun_release(id) when the op completes (or failed); a release
+// that comes before the node runs is remembered and the node then finishes at once.
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace {
+
+std::mutex released_mu;
+std::unordered_map<int64_t, std::function<void()>> waiting;  // id -> the node's done callback
+std::unordered_set<int64_t> released;                         // released before their node ran
+
+class TrainrunWaitOp : public tensorflow::AsyncOpKernel {
+ public:
+  explicit TrainrunWaitOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+
+  void ComputeAsync(OpKernelContext* c, DoneCallback done) override {
+    const int64_t id = c->input(0).scalar<int64_t>()();
+    c->set_output(0, c->input(0));
+    std::unique_lock<std::mutex> lock(released_mu);
+    if (released.erase(id)) {
+      lock.unlock();
+      done();
+      return;
+    }
+    waiting.emplace(id, std::move(done));
+  }
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void trainrun_release(int64_t id) {
+  std::function<void()> done;
+  {
+    std::lock_guard<std::mutex> lock(released_mu);
+    auto it = waiting.find(id);
+    if (it == waiting.end()) {
+      released.insert(id);
+      return;
+    }
+    done = std::move(it->second);
+    waiting.erase(it);
+  }
+  done();  // (without the lock: TensorFlow may schedule the next nodes from here)
+}
+
+REGISTER_OP("TrainrunWait")
+    .Input("id: int64")
+    .Output("same_id: int64")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    });
+
+REGISTER_KERNEL_BUILDER(Name("TrainrunWait").Device(tensorflow::DEVICE_CPU), TrainrunWaitOp);
