@@ -42,7 +42,7 @@ class ProgramError(TrainrunError):
 
 class HostError(TrainrunError):
     """A host could not be reached or prepared. `host` and `stage` say where it failed: dns, tcp, ssh, hostkey,
-    auth (fanout/ssh.py), python (no interpreter there: fanout/ssh_engine.py), agent."""
+    auth (fanout/ssh.py), python (no interpreter there: fanout/python_pick.py), agent."""
 
     exit_code = 3
 

@@ -176,7 +176,8 @@ def test_bad_hostname_from_the_ssh_config_is_a_dns_failure(tmp_path):
 ])
 def test_the_remote_interpreter_pick(python, strict, code, said):
     """The shell line that starts `python -m MODULE` on a host, run here by sh as sshd would run it."""
-    from trainrun.fanout.ssh_engine import no_python_error, python_module_command
+    from trainrun.fanout.python_pick import no_python_error
+    from trainrun.fanout.ssh_engine import python_module_command
 
     env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
     r = subprocess.run(["sh", "-c", python_module_command(python, "platform", strict=strict)], capture_output=True, text=True, env=env)
@@ -187,7 +188,8 @@ def test_the_remote_interpreter_pick(python, strict, code, said):
 
 def test_no_python3_at_all_is_named(tmp_path):
     """A PATH with sh and no python3. Before: `sh: 1: exec: python3: not found` from the shell."""
-    from trainrun.fanout.ssh_engine import no_python_error, python_module_command
+    from trainrun.fanout.python_pick import no_python_error
+    from trainrun.fanout.ssh_engine import python_module_command
 
     (tmp_path / "sh").symlink_to("/bin/sh")
     r = subprocess.run(["/bin/sh", "-c", python_module_command("/no/such/python", "platform")], capture_output=True, text=True,

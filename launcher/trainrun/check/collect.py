@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from trainrun.check.report import CheckReport, HostCheck, evaluate
 from trainrun.errors import HostError, UsageError
 from trainrun.facts.model import HostFacts
+from trainrun.fanout.python_pick import NO_PYTHON, no_python_error
 from trainrun.net.choice import probe_nics, save_nic_choice
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.planner import JobShape, assign, requested_np, shape_job
@@ -70,9 +71,7 @@ def _remote_facts(engine, host: HostSpec, timeout: float, serve: bool = False, w
 def _start_failure(host: HostSpec, stderr: str) -> HostCheck:
     """The HostCheck of a host where `python -m trainrun.facts` did not answer: no interpreter (stage
     "python", from the engine's start line), else the facts stage with its last stderr line."""
-    if "trainrun-no-python:" in stderr:
-        from trainrun.fanout.ssh_engine import no_python_error
-
+    if NO_PYTHON in stderr:
         if (err := no_python_error(host.name, stderr)) is not None:
             return HostCheck(host.name, host.slots, err.stage, f"{err.message} ({err.hint})")
     last = (stderr.strip().splitlines() or ["no output"])[-1]

@@ -60,7 +60,7 @@ def engine_for(cfg, source: HostSource) -> FanoutEngine:
     if source.engine == "slurm":
         from trainrun.fanout.srun_engine import SrunEngine
 
-        return SrunEngine(source.allocation, python)
+        return SrunEngine(source.allocation, python, strict_python=cfg.python is not None)
     from trainrun.fanout.ssh_engine import SSHEngine, ssh_options
 
     return SSHEngine(ssh_options(cfg), python, cfg.ssh_parallelism, strict_python=cfg.python is not None)

@@ -7,6 +7,9 @@ interleaves in srun's stdout, so one step cannot carry several binary channels; 
 one N-node step costs, and a lost host is known by which srun ended. `-u`: srun would otherwise hold
 bytes until a newline. `--overlap`: the steps share the allocation's CPUs with the ranks.
 
+The interpreter is picked on the host as over SSH (python_pick.py): the --python rule, and one line when the
+host has none.
+
 Teardown: the agent's stdin EOF (the launcher closed it, or died) makes it kill its ranks and exit, which
 ends its step. A step that does not end is cancelled with `scancel JOB.STEP` (found by the step's unique
 name): a SIGKILL to srun's process group would leave the tasks running.
@@ -20,6 +23,7 @@ import subprocess
 
 from trainrun.errors import HostError
 from trainrun.fanout.pipe_engine import PipeLink, PipeModuleChannel
+from trainrun.fanout.python_pick import FirstErrLine, python_module_argv
 from trainrun.plan.hosts import HostSpec
 from trainrun.slurm.allocation import Allocation
 
@@ -52,6 +56,12 @@ class SrunLink(PipeLink):
         super().__init__(host, argv, new_session=True)  # Ctrl-C on the terminal is the launcher's, not srun's
         self.job_id, self.step_name = job_id, step_name
         self.peer_address, self.local_address = route_addresses(host)
+        self._first_err = FirstErrLine(host)  # a no-python line there ends the start at once
+
+    def read(self) -> tuple[bytes, bytes, bool]:
+        out, err, ended = super().read()
+        self._first_err.feed(err)
+        return out, err, ended
 
     def wait(self, timeout: float) -> None:
         try:
@@ -79,13 +89,14 @@ def cancel_step(job_id: str, step_name: str) -> bool:
 
 
 class SrunEngine:
-    """FanoutEngine through `srun` inside the Slurm allocation `alloc`."""
+    """FanoutEngine through `srun` inside the Slurm allocation `alloc`. `python`: the interpreter asked for on
+    the hosts; `strict_python`: it was given with --python, so no other is taken in its place."""
 
     name = "slurm"
     reaches_local = True
 
-    def __init__(self, alloc: Allocation, python: str):
-        self.alloc, self.python = alloc, python
+    def __init__(self, alloc: Allocation, python: str, strict_python: bool = False):
+        self.alloc, self.python, self.strict_python = alloc, python, strict_python
         self._nonce = os.urandom(4).hex()
         self._links: list[SrunLink] = []
 
@@ -98,12 +109,10 @@ class SrunEngine:
                                   f"({', '.join(self.alloc.names)})", hint="drop -H/--hostfile, or use --engine ssh")
                 for h in hosts if h.name not in names}
 
-    def _python(self, python: str | None) -> list[str]:
-        return ["sh", "-c", 'p=$1; shift; [ -x "$p" ] || p=python3; exec "$p" -m "$@"', "trainrun", python or self.python]
-
     def start_agent(self, host: str) -> SrunLink:
         name = f"trainrun-agent-{self._nonce}-{host}"
-        link = SrunLink(host, srun_argv(self.alloc.job_id, host, name, [*self._python(None), "trainrun.agent"]),
+        link = SrunLink(host, srun_argv(self.alloc.job_id, host, name,
+                                  python_module_argv(self.python, "trainrun.agent", strict=self.strict_python)),
                         self.alloc.job_id, name)
         self._links.append(link)
         return link
@@ -111,7 +120,8 @@ class SrunEngine:
     def run_module(self, host: str, module: str, *args: str, python: str | None = None,
                    timeout: float = 30.0) -> PipeModuleChannel:
         name = f"trainrun-{module.rsplit('.', 1)[-1]}-{self._nonce}-{host}"
-        return PipeModuleChannel(srun_argv(self.alloc.job_id, host, name, [*self._python(python), module, *args]))
+        pick = python_module_argv(python or self.python, module, *args, strict=self.strict_python and not python)
+        return PipeModuleChannel(srun_argv(self.alloc.job_id, host, name, pick))
 
     def close(self) -> None:
         """Steps still running (an agent that did not end) are cancelled."""

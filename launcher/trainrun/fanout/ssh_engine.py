@@ -9,36 +9,14 @@ from __future__ import annotations
 
 from trainrun.errors import HostError
 from trainrun.fanout import ssh
+from trainrun.fanout.python_pick import FirstErrLine, python_module_argv
 from trainrun.plan.hosts import HostSpec
-
-
-# Picks the interpreter, then execs it: $1 (a path, or a bare name looked up on PATH) when it is a file that can
-# run, else python3 from PATH unless $2 is "strict" (--python given: that one or nothing). When there is none it
-# says so on stderr's first line, NO_PYTHON and the name, and exits 127 (rather than the shell's
-# "exec: python3: not found" or "Permission denied").
-NO_PYTHON = "trainrun-no-python:"
-_PICK = ('g=$1; s=$2; shift 2; p=$g; case $p in */*) ;; *) p=$(command -v "$p") || p=$g ;; esac; '
-         'if [ ! -f "$p" ] || [ ! -x "$p" ]; then '
-         f'if [ "$s" = strict ]; then echo "{NO_PYTHON} $g" >&2; exit 127; fi; '
-         f'p=$(command -v python3) && [ -f "$p" ] && [ -x "$p" ] || {{ echo "{NO_PYTHON} python3" >&2; exit 127; }}; '
-         'fi; exec "$p" -m "$@"')
 
 
 def python_module_command(python: str, module: str, *args: str, strict: bool = False) -> str:
     """The shell line that runs `python -m module args...` on a host: the requested interpreter if it
-    exists there, else python3 (the --python rule); with `strict` (--python given) that interpreter only."""
-    return ssh.remote_command(["sh", "-c", _PICK, "trainrun", python, "strict" if strict else "", module, *args])
-
-
-def no_python_error(host: str, stderr: str) -> HostError | None:
-    """The HostError for a host where _PICK found no interpreter (stderr's first line says which), else None."""
-    first = stderr.lstrip().partition("\n")[0]
-    if not first.startswith(NO_PYTHON):
-        return None
-    name = first[len(NO_PYTHON):].strip()
-    if name == "python3":
-        return HostError(host, "python", "python3 not found", hint="pass --python")
-    return HostError(host, "python", f"--python {name}: no such interpreter there", hint="check the path given to --python")
+    exists there, else python3 (the --python rule, python_pick.py); with `strict` (--python given) that one only."""
+    return ssh.remote_command(python_module_argv(python, module, *args, strict=strict))
 
 
 def ssh_options(cfg) -> ssh.SSHOptions:
@@ -56,7 +34,7 @@ class SSHLink:
     def __init__(self, host: str, client, command: str):
         self.host = host
         self.client = client
-        self._first_err = b""  # stderr up to its first newline: NO_PYTHON there ends the start at once
+        self._first_err = FirstErrLine(host)  # a no-python line there ends the start at once
         transport = client.get_transport()
         self.peer_address = transport.getpeername()[0]
         self.local_address = transport.sock.getsockname()[0]
@@ -73,10 +51,7 @@ class SSHLink:
         while ch.recv_stderr_ready():
             err += ch.recv_stderr(1 << 16)
         ended = (ch.eof_received or ch.closed) and not ch.recv_ready()
-        if err and b"\n" not in self._first_err:
-            self._first_err += err
-            if (failed := no_python_error(self.host, self._first_err.decode(errors="replace"))) and b"\n" in self._first_err:
-                raise failed
+        self._first_err.feed(err)
         return bytes(out), bytes(err), ended
 
     def write(self, data: bytes) -> None:
