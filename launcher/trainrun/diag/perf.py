@@ -8,8 +8,8 @@ data loading included), the cached collectives run, how many of them this rank w
 (its bit entered the agreement round that made the op ready everywhere; ties count for every rank in
 them), and optimizer steps (torch DistributedOptimizer.synchronize; 0 without one: the launcher then
 counts blocking waits, sent as a negative number), and the time from the end of each step to the next
-step's first collective (data loading and the forward pass: before the step; the rest of compute is
-inside it; 0 without an optimizer). The engine keeps the counters as plain ints on its
+backward's first gradient (the optimizer's first gradient hook: data loading and the forward pass,
+before the step; the rest of compute, backward and the optimizer, is inside it; 0 without an optimizer). The engine keeps the counters as plain ints on its
 hot path (a perf_counter_ns pair per blocking wait, a few int operations per round); this module only
 reads and differences them, so the measurement costs the training step nothing more. TRAINRUN_STRAGGLER=0
 turns the engine's measurement off (for A/B benchmarks); then no line is sent.

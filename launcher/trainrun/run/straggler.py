@@ -23,7 +23,7 @@ speeds, and wait for each other in the first broadcasts), and every rank must ha
 windows in the horizon before any verdict.
 
 Where the straggler loses its time: its compute (wall minus blocked time) splits into the time before
-each optimizer step (BEFORE: from the end of one step to the next step's first collective, i.e. data
+each optimizer step (BEFORE: from the end of one step to the next backward's first gradient, i.e. data
 loading and the forward pass) and the rest (backward, optimizer, whatever runs inside the step). If its
 excess over the others' median is mostly (WHERE_FACTOR times the other part) before the step, the line
 says "before the step (data loading or the forward pass)"; mostly inside, "inside the step (compute)".

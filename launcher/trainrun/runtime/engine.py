@@ -150,8 +150,8 @@ class Engine(LoneOp, Driver, Completion):
         self.collectives = 0    # cached ops run (each op of a fused batch counts)
         self.last = 0           # of those, ops whose round this rank was the last to join (ties count)
         self.steps = 0          # optimizer steps (torch DistributedOptimizer.synchronize)
-        self.step_end = 0       # perf_counter_ns when the last step's synchronize ended, until the next submit
-        self.before_ns = 0      # time from a step's end to the next step's first submission (loader, forward)
+        self.step_end = 0       # perf_counter_ns when the last step's synchronize ended, until backward begins
+        self.before_ns = 0      # time from a step's end to the next backward's first gradient (loader, forward)
         self._sent = self._sent_prev = 0  # the op bits of this round's and the previous round's contribution
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)
@@ -167,9 +167,6 @@ class Engine(LoneOp, Driver, Completion):
         leaves the background thread asleep, promising nothing: for a caller that will most likely
         wait soon (else the thread finds the requests within IDLE_S).
         """
-        if self.step_end:  # the first op after an optimizer step: the time before this step ends here
-            self.before_ns += perf_counter_ns() - self.step_end
-            self.step_end = 0
         with self._lock:
             if self._closed:
                 raise HorovodInternalError(_SHUT_DOWN)

@@ -89,6 +89,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_ready: dict[int, set] = {}  # group index -> members whose gradients are final
         self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
         self._batch_bytes = 0
+        self._measured = None  # the engine whose step_end the last synchronize set (diag/perf.py)
         # as Horovod: one rank has nothing to average, unless the job is elastic (it may grow; also how
         # scripts/bench_gpu.py measures the GPU path on one GPU)
         self._reduces = self._in_set and (self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
@@ -189,6 +190,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook(*_):
             assert not p.grad.requires_grad
+            engine = self._measured
+            if engine is not None and engine.step_end:  # backward began: the time before the step ends here
+                engine.before_ns += perf_counter_ns() - engine.step_end
+                engine.step_end = 0
             if not count_pass(self._allreduce_delay, p):
                 self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
                 return
@@ -272,6 +277,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         engine.steps += 1
         if engine.measure:
             engine.step_end = perf_counter_ns()
+            self._measured = engine
 
     @contextmanager
     def skip_synchronize(self):
