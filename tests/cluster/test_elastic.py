@@ -1,6 +1,7 @@
 """Elastic training on 3 simulated hosts (issue 14's acceptance): a host dies (ranks SIGKILLed, or its
 network cut), the job goes on from its last commit on the hosts left, grows back when the host returns,
-and ends with identical weights and the asked-for steps. Nothing is left running, no /dev/shm segment."""
+and ends with identical weights and the asked-for steps. Nothing is left running, no /dev/shm segment (the
+launcher's machine's and each host's own: committed state and MPICH's)."""
 import subprocess
 import uuid
 
@@ -34,7 +35,7 @@ def host_pids(cluster, i: int, token: str) -> list[int]:
     return [p.pid for p in procs_with(token) if p.pid in inside and "trainrun.agent" not in " ".join(p.cmdline())]
 
 
-def check_end(run: LiveRun, token: str) -> None:
+def check_end(run: LiveRun, token: str, cluster) -> None:
     code = run.finish()
     assert code == 0, run.stderr[-4000:]
     steps = steps_seen(run.lines)
@@ -53,12 +54,39 @@ def check_end(run: LiveRun, token: str) -> None:
     assert any("reset size 6 lr 0.06" in line for line in run.lines)
     assert wait_gone(token) == []
     assert leftover_segments(run.stderr) == []
+    assert hosts_segments(cluster, run.stderr) == {}
+
+
+def hosts_segments(cluster, stderr: str, seconds: float = 15.0) -> dict[int, list[str]]:
+    """The job's /dev/shm files left inside each simulated host (each has a /dev/shm of its own): committed-state
+    segments (trainrun_state_<pid>_<job id>_<n>) and MPICH's, waiting up to `seconds` for the agents' cleanup."""
+    import re
+    import time
+
+    from trainrun.mpi.shm import kvsname_for, shm_segment_pattern
+
+    jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
+    patterns = [re.compile(r"trainrun_state_\d+_%s_\d+" % j) for j in jobs]
+    patterns += [shm_segment_pattern(kvsname_for(j)) for j in jobs]
+    deadline = time.monotonic() + seconds
+    while True:
+        left = {}
+        for i in (1, 2, 3):
+            names = subprocess.run([*cluster.enter(i), "ls", "/dev/shm"], capture_output=True, text=True).stdout.split()
+            mine = [n for n in names if any(p.fullmatch(n) for p in patterns)]
+            if mine:
+                left[i] = mine
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def test_killed_host_job_goes_on_and_grows_back(cluster, tmp_path):
     token = f"tok{uuid.uuid4().hex[:8]}"
     run, listing = start(cluster, tmp_path, token)
     run.wait_for("step 12 size 6")
+    during = hosts_segments(cluster, run.stderr, 0)  # every host's local rank 0 has committed into its own segment
+    assert sorted(during) == [1, 2, 3] and all(any(n.startswith("trainrun_state_") for n in v) for v in during.values()), during
     listing.write_text("h1:2\nh2:2\n")  # the host leaves the discovery list ...
     pids = host_pids(cluster, 3, token)
     assert len(pids) == 2, pids
@@ -67,7 +95,7 @@ def test_killed_host_job_goes_on_and_grows_back(cluster, tmp_path):
     run.wait_for("size 4")
     listing.write_text("h1:2\nh2:2\nh3:2\n")  # it is back; after its cool-down the job grows onto it
     run.wait_for("size 6 restart 2", timeout=150)
-    check_end(run, token)
+    check_end(run, token, cluster)
     assert "h3 sits out 3s" in run.stderr and "hosts changed (h1, h2 -> h1, h2, h3)" in run.stderr
 
 
@@ -84,5 +112,5 @@ def test_cut_off_host_job_goes_on_and_grows_back(cluster, tmp_path):
         for link in links:
             subprocess.run(["ip", "-n", "trt-sw", "link", "set", link, "up"], check=True)
     run.wait_for("size 6 restart 2", timeout=150)
-    check_end(run, token)
+    check_end(run, token, cluster)
     assert "no word from the agent on h3" in run.stderr
