@@ -169,3 +169,29 @@ def test_plan_json_gives_tf_config_once():
     doc = json.loads(plan_json(build_plan(a, job, ("p",), "/w", {})))
     assert doc["tf_workers"] == ["a:1", "a:2", "a:3"]
     assert all("TF_CONFIG" not in r["env"] and r["env"]["RANK"] == str(r["rank"]) for r in doc["ranks"])
+
+
+def test_an_elastic_attempts_env_stays_linear_in_ranks():
+    """Each elastic attempt adds TRAINRUN_RESTART_COUNT/TRAINRUN_ELASTIC to every rank (run/elastic.py). Before,
+    that built every rank's env as a dict up front, TF_CONFIG and all: N^2 bytes (~480 MiB for the 5000 here).
+    Now the two join the shared JobEnv, winning over -x exports as before."""
+    import tracemalloc
+
+    from trainrun.plan.spec import with_env
+
+    n = 5000
+    a = assign_ranks([HostSpec(f"n{i}", 8) for i in range(n // 8 + 1)], n)
+    job = JobInfo("j", "10.0.0.1", 1, tf_workers=tuple(f"10.0.{i // 250}.{i % 250}:2222" for i in range(n)))
+    plan = build_plan(a, job, ("python", "t.py"), "/w", {"FOO": "1", "TRAINRUN_ELASTIC": "mine"})
+    tracemalloc.start()
+    try:
+        attempt = with_env(plan, {"TRAINRUN_RESTART_COUNT": "2", "TRAINRUN_ELASTIC": "1"})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"an attempt's env for {n} ranks took {peak >> 20} MiB"
+    assert all(p.env.shared is attempt.procs[0].env.shared for p in attempt.procs)
+    for r in (0, 4321, n - 1):
+        assert dict(attempt.procs[r].env) == {**rank_env(a[r], job), "FOO": "1", "TRAINRUN_RESTART_COUNT": "2",
+                                              "TRAINRUN_ELASTIC": "1"}
+    assert "TRAINRUN_RESTART_COUNT" not in plan.procs[0].env  # the plan it came from is unchanged

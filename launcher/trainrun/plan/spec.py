@@ -6,7 +6,7 @@ travel to agents as JSON (spec_to_dict / spec_from_dict).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from trainrun.plan.envcontract import JobInfo, RankEnvMap, job_env
@@ -57,6 +57,22 @@ def build_plan(
     is a RankEnvMap over it, built when read."""
     shared = job_env(job, assignments[0].size, assignments[0].nnodes, extra_env) if assignments else None
     return LaunchPlan(job, tuple(ProcessSpec(a, argv, RankEnvMap(a, shared), cwd, bind_to) for a in assignments))
+
+
+def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
+    """`plan` with `extra` in every rank's env, winning over the rest (as -x exports do). Linear in the ranks:
+    `extra` joins the shared JobEnv once and each rank gets a new RankEnvMap over it, so no rank's env (a
+    TF_CONFIG listing every worker) is built here; an env that is already a plain dict is copied."""
+    shared: dict[int, object] = {}
+
+    def env_of(env: Mapping[str, str]) -> Mapping[str, str]:
+        if not isinstance(env, RankEnvMap):
+            return {**env, **extra}
+        if id(env.shared) not in shared:
+            shared[id(env.shared)] = replace(env.shared, exported={**env.shared.exported, **extra})
+        return RankEnvMap(env.assignment, shared[id(env.shared)])
+
+    return LaunchPlan(plan.job, tuple(replace(p, env=env_of(p.env)) for p in plan.procs))
 
 
 def spec_to_dict(p: ProcessSpec) -> dict:

@@ -25,7 +25,7 @@ from trainrun.cli.config import LaunchConfig
 from trainrun.errors import HostsError, TrainrunError
 from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
-from trainrun.plan.spec import LaunchPlan
+from trainrun.plan.spec import with_env
 from trainrun.run.discovery import LiveHosts
 from trainrun.run.elastic_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
 from trainrun.run.output import sink_for
@@ -45,10 +45,6 @@ def _raise_interrupt(sig, _frame):
 
 def _for(seconds: float) -> str:
     return "for good" if seconds == float("inf") else f"{seconds:g}s"
-
-
-def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
-    return LaunchPlan(plan.job, tuple(replace(p, env={**p.env, **extra}) for p in plan.procs))
 
 
 class ElasticLoop:
