@@ -11,6 +11,8 @@ without facts, as `--dry-run` plans a remote job), through the launch's own path
 make_plan). Rows:
     plan          make_plan: placement, env contract, one ProcessSpec per rank
     plan + envs   the same, then every rank's env built once, one after another (what starting the ranks does)
+    elastic       make_plan, then an elastic attempt's own variables added to every rank (run/elastic.py's
+                  with_env: plan/spec.py now; run/elastic.py before)
     --dry-run     the whole command, `trainrun --hostfile H --dry-run train.py`, its table to /dev/null
 A child that passes --timeout or the address-space limit (--mem-limit) is reported as such, not waited for.
 Sizes above the launcher's cap (plan/limits.py, 65536) run with TRAINRUN_MAX_RANKS raised to the size.
@@ -44,6 +46,12 @@ t0 = time.perf_counter()
 cfg = LaunchConfig(command=("train.py",), hostfile=hostfile, num_proc=n)
 shape = shape_job(cfg, cfg.host_specs())
 plan = make_plan(cfg, shape, {}, "n00000", job_id="bench")
+if mode == "elastic":
+    try:
+        from trainrun.plan.spec import with_env
+    except ImportError:  # before: run/elastic.py's own
+        from trainrun.run.elastic import with_env
+    plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": "1", "TRAINRUN_ELASTIC": "1"})
 t1 = time.perf_counter()
 if mode == "envs":
     total = 0
@@ -100,7 +108,7 @@ def rows_for(label: str, src: Path, sizes: list[int], tmp: Path, args) -> list[s
         env = dict(os.environ, PYTHONPATH=str(src), BENCH_MEM_LIMIT=str(args.mem_limit << 30),
                    TRAINRUN_MAX_RANKS=str(max(n, 65536)))
         hf = hostfile(tmp, n)
-        for mode in ("plan", "envs", "dry-run"):
+        for mode in args.modes.split(","):
             if mode == "dry-run":
                 argv = [sys.executable, "-c", "import resource,os,sys; l=int(os.environ['BENCH_MEM_LIMIT']); "
                         "resource.setrlimit(resource.RLIMIT_AS,(l,l)); sys.argv[0]='trainrun'; "
@@ -108,7 +116,7 @@ def rows_for(label: str, src: Path, sizes: list[int], tmp: Path, args) -> list[s
             else:
                 argv = [sys.executable, "-c", CHILD, mode, hf, str(n)]
             status, wall, peak, out = run_isolated(argv, env, args.timeout)
-            what = {"plan": "plan", "envs": "plan + envs", "dry-run": "--dry-run"}[mode]
+            what = {"plan": "plan", "envs": "plan + envs", "elastic": "elastic attempt", "dry-run": "--dry-run"}[mode]
             if status != "ok":
                 note = (f"gave up after {args.timeout:.0f} s" if status == "timeout" else
                         f"over the {args.mem_limit} GiB limit" if "MemoryError" in status else status)
@@ -128,6 +136,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,100000", help="rank counts, comma-separated")
     ap.add_argument("--compare-ref", metavar="REF", help="also measure trainrun as of git REF (git archive)")
     ap.add_argument("--ref-sizes", help="sizes for REF (default: --sizes)")
+    ap.add_argument("--modes", default="plan,envs,elastic,dry-run", help="rows to measure, comma-separated")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement")
     ap.add_argument("--mem-limit", type=int, default=12, help="GiB of address space per measurement")
     ap.add_argument("--out", help="also write the report to this file")
