@@ -15,7 +15,8 @@ from trainrun.fanout.srun_engine import SrunEngine
 from trainrun.slurm.allocation import Allocation, SlurmHost
 
 FAKE_SRUN = """#!/bin/sh
-# stand-in for srun: skip the options up to the step's command, run that here
+# stand-in for srun: a line of its own on stderr (as srun may write first), then the step's command, here
+echo "srun: step created for job 1" >&2
 while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done
 exec "$@"
 """

@@ -271,6 +271,10 @@ def read_hello(link: AgentLink, timeout: float) -> AgentRanks:
                 break
     finally:
         sel.close()
+    from trainrun.fanout.python_pick import no_python_error
+
+    if (no_python := no_python_error(link.host, errors.decode(errors="replace"))) is not None:
+        raise no_python  # its line came with or after the channel's end (srun: stderr after stdout's EOF)
     text = errors.decode(errors="replace").strip().splitlines()
     last = text[-1] if text else "no output"
     if "No module named" in last and "trainrun" in last:

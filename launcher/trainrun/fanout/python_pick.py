@@ -3,7 +3,7 @@ srun): one shell argv, and the one-line error when the host has none. Pure, no t
 
 The rule: the requested interpreter (a path, or a bare name looked up on PATH) when it is a file that can
 run; else python3 from PATH, unless --python was given ("strict": that one or nothing). When there is none,
-stderr's first line is NO_PYTHON and the name, and the exit is 127 (rather than the shell's
+a stderr line is NO_PYTHON and the name, and the exit is 127 (rather than the shell's
 "exec: python3: not found" or "Permission denied"); `no_python_error` turns that line into the HostError
 `h2: python: python3 not found (pass --python)`.
 """
@@ -25,25 +25,29 @@ def python_module_argv(python: str, module: str, *args: str, strict: bool = Fals
 
 
 def no_python_error(host: str, stderr: str) -> HostError | None:
-    """The HostError for a host where the pick found no interpreter (stderr's first line says which), else None."""
-    first = stderr.lstrip().partition("\n")[0]
-    if not first.startswith(NO_PYTHON):
+    """The HostError for a host where the pick found no interpreter (a line of its stderr says which; srun may
+    write its own lines before it), else None."""
+    line = next((ln.strip() for ln in stderr.splitlines() if ln.strip().startswith(NO_PYTHON)), None)
+    if line is None:
         return None
-    name = first[len(NO_PYTHON):].strip()
+    name = line[len(NO_PYTHON):].strip()
     if name == "python3":
         return HostError(host, "python", "python3 not found", hint="pass --python")
     return HostError(host, "python", f"--python {name}: no such interpreter there", hint="check the path given to --python")
 
 
-class FirstErrLine:
-    """An agent's stderr up to its first newline: raises the no-python HostError as soon as that line says so
+class EarlyStderr:
+    """An agent's first KiB of stderr: raises the no-python HostError as soon as a whole line there says so
     (the agent link's read() feeds it, so the start ends at once with the one line)."""
+
+    LIMIT = 1024
 
     def __init__(self, host: str):
         self.host, self._buf = host, b""
 
     def feed(self, err: bytes) -> None:
-        if err and b"\n" not in self._buf:
+        if err and len(self._buf) < self.LIMIT:
             self._buf += err
-            if b"\n" in self._buf and (failed := no_python_error(self.host, self._buf.decode(errors="replace"))):
+            whole = self._buf[:self._buf.rfind(b"\n") + 1]
+            if whole and (failed := no_python_error(self.host, whole.decode(errors="replace"))):
                 raise failed

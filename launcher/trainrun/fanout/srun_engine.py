@@ -23,7 +23,7 @@ import subprocess
 
 from trainrun.errors import HostError
 from trainrun.fanout.pipe_engine import PipeLink, PipeModuleChannel
-from trainrun.fanout.python_pick import FirstErrLine, python_module_argv
+from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
 from trainrun.plan.hosts import HostSpec
 from trainrun.slurm.allocation import Allocation
 
@@ -56,7 +56,7 @@ class SrunLink(PipeLink):
         super().__init__(host, argv, new_session=True)  # Ctrl-C on the terminal is the launcher's, not srun's
         self.job_id, self.step_name = job_id, step_name
         self.peer_address, self.local_address = route_addresses(host)
-        self._first_err = FirstErrLine(host)  # a no-python line there ends the start at once
+        self._first_err = EarlyStderr(host)  # a no-python line there ends the start at once
 
     def read(self) -> tuple[bytes, bytes, bool]:
         out, err, ended = super().read()

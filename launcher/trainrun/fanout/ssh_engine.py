@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trainrun.errors import HostError
 from trainrun.fanout import ssh
-from trainrun.fanout.python_pick import FirstErrLine, python_module_argv
+from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
 from trainrun.plan.hosts import HostSpec
 
 
@@ -34,7 +34,7 @@ class SSHLink:
     def __init__(self, host: str, client, command: str):
         self.host = host
         self.client = client
-        self._first_err = FirstErrLine(host)  # a no-python line there ends the start at once
+        self._first_err = EarlyStderr(host)  # a no-python line there ends the start at once
         transport = client.get_transport()
         self.peer_address = transport.getpeername()[0]
         self.local_address = transport.sock.getsockname()[0]
