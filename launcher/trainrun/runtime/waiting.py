@@ -22,8 +22,10 @@ Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
 - `wait_request(request)`: complete an MPI request by that rule. In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
-  this one included) against os.cpu_count(), read at most every SAMPLE_S (a pread of an open file,
-  a few microseconds). Host-wide: in a container that shares the host's /proc this sees the host.
+  this one included) against the CPUs this process may run on (os.sched_getaffinity), read at most
+  every SAMPLE_S (a pread of an open file, a few microseconds). Host-wide: a job pinned to some cores
+  of a busy host counts the others' tasks too and gives its core back more often than it must (the
+  safe side); in a container that shares the host's /proc this sees the host.
   Where /proc/loadavg cannot be read, auto counts the host as not oversubscribed (spin's behaviour).
 Thread-safe without locks: the sample is a pair of floats replaced whole; a race costs one extra read.
 """
@@ -69,7 +71,7 @@ class HostLoad:
     """Runnable tasks on the host, from /proc/loadavg, sampled at most every SAMPLE_S."""
 
     def __init__(self, path: str = "/proc/loadavg"):
-        self.cores = os.cpu_count() or 1
+        self.cores = len(os.sched_getaffinity(0)) or 1
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError:
