@@ -242,12 +242,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="small,resnet")
     p.add_argument("--conditions", default="idle,hogs,loader")
-    p.add_argument("--rounds", type=int, default=8, help="rounds for the small model (default 8)")
+    p.add_argument("--rounds", type=int, default=6, help="rounds for the small model (default 6)")
     p.add_argument("--steps", type=int, default=10, help="steps per block for the small model (default 10)")
-    p.add_argument("--resnet-rounds", type=int, default=4)
+    p.add_argument("--resnet-rounds", type=int, default=3)
     p.add_argument("--resnet-steps", type=int, default=2)
     p.add_argument("--decode-passes", type=int, default=4, help="smoothing passes per loaded image (default 4)")
-    p.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="CPU-bound processes in `hogs` (default: one per core)")
+    p.add_argument("--hogs", type=int, default=len(os.sched_getaffinity(0)), help="CPU-bound processes in `hogs` (default: one per core this process may use)")
     p.add_argument("--out", help="also write the markdown to this file (rank 0)")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -272,7 +272,7 @@ def main() -> None:
                 h.kill()
                 h.wait()
     if COMM.rank == 0:
-        head = [f"- date: {started}; {COMM.size} ranks; machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}; "
+        head = [f"- date: {started}; {COMM.size} ranks; machine: {len(os.sched_getaffinity(0))} of {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}; "
                 f"torch {torch.__version__}; load average (1 min) at the end {os.getloadavg()[0]:.1f}; "
                 f"run took {time.monotonic() - t_start:.0f} s",
                 f"- command: OMP_NUM_THREADS=1 mpiexec -n {COMM.size} python scripts/bench_contention.py " + " ".join(sys.argv[1:]),

@@ -95,7 +95,7 @@ def table(title: str, res: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--hogs", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--hogs", type=int, default=len(os.sched_getaffinity(0)))
     args = p.parse_args()
     load0 = os.getloadavg()
     first = measure(args.iters)
