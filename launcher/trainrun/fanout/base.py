@@ -1,7 +1,7 @@
 """The fan-out seam: how the launcher reaches hosts and runs trainrun there. Declarations only.
 
-A **FanoutEngine** (SSH today: ssh_engine.py; a local pipe for tests: pipe_engine.py; Slurm's srun
-next) does three things for the rest of the launcher, which never sees SSH or srun:
+A **FanoutEngine** (SSH: ssh_engine.py; Slurm's srun: srun_engine.py; a local pipe for tests: pipe_engine.py)
+does three things for the rest of the launcher, which never sees SSH or srun:
 
     reach(hosts)                  make every host usable, in parallel; per-host HostErrors for those that are not
     start_agent(host)             `python -m trainrun.agent` there, as an AgentLink (framed channel on stdin/stdout)
