@@ -13,6 +13,8 @@ restarted job. Scenarios, interleaved round by round on this machine:
     (--heartbeat-timeout 3), 4 ranks go on.
 commit(): a 2-rank trainrun job commits a TorchState of 1, 16, 64, 256 MiB beside a memcpy of the same bytes
 (scripts/bench_commit_worker.py); --commit-only runs just that and replaces its section of --out.
+--phases: the restart path cut into steps (detect, stop, back-off + plan, process start, interpreter, import
+torch, MPI world, sync, first step) for -np 4 --max-restarts and 2x2 pipe hosts; replaces its section of --out.
 Medians of --rounds rounds; the machine line says what ran where. Prints a markdown table.
 """
 from __future__ import annotations
@@ -101,6 +103,102 @@ def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: 
             proc.wait()
 
 
+PHASE_NAMES = ("detect", "stop the attempt", "back-off + plan", "to the rank's process", "interpreter + script",
+               "import torch", "MPI world", "DistributedOptimizer + TorchState", "sync()", "first step")
+
+
+def phases(argv: list[str], env: dict, pred, timeout: float = 240.0) -> dict[str, float]:
+    """One recovery (as recovery()), cut into steps, in seconds: the kill to the launcher's first `rank N
+    exited` line (detect), to its `restart` line (the attempt stopped: every rank and agent done), to `attempt
+    1: job` (back-off, plan), to the new rank 0's process start, its script start, `import torch` ended, the
+    MPI world up, its optimizer and state built, `state.sync()` ended (bench_elastic_worker.py, PHASES=1), its
+    first step. The launcher's marks are when this process read its stderr lines (late by a read's delay)."""
+    token = f"tok{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([*argv, token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "PHASES": "1"}, start_new_session=True)
+    marks: dict[str, float] = {}
+    killed = threading.Event()
+
+    def watch_stderr():
+        for line in proc.stderr:
+            if not killed.is_set():
+                continue
+            now = time.time()
+            if "detect" not in marks and re.search(r"rank \d+ exited with", line):
+                marks["detect"] = now
+            elif "stop the attempt" not in marks and re.search(r"; restart \d+", line):
+                marks["stop the attempt"] = now
+            elif "back-off + plan" not in marks and re.search(r"attempt [1-9]\d*: job", line):
+                marks["back-off + plan"] = now
+
+    threading.Thread(target=watch_stderr, daemon=True).start()
+    t_kill, rank = None, {}
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            if time.monotonic() > deadline:
+                raise BenchError(f"no recovery within {timeout:.0f}s: {' '.join(argv[:6])}")
+            if "phases restart" in line and t_kill is not None:
+                rank = dict(kv.split("=") for kv in line.split("phases restart", 1)[1].split()[1:])
+                continue
+            m = STEP.search(line)
+            if not m:
+                continue
+            step, restart, t = int(m[1]), int(m[3]), float(m[4])
+            if t_kill is None and step >= KILL_AT:
+                t_kill = time.time()
+                killed.set()
+                for pid in victims(token, pred):
+                    os.kill(pid, signal.SIGKILL)
+            elif t_kill is not None and restart >= 1:
+                points = [t_kill, marks.get("detect"), marks.get("stop the attempt"), marks.get("back-off + plan"),
+                          *(float(rank[k]) if k in rank else None for k in ("start", "script", "imported", "world", "built", "synced")), t]
+                if None in points:
+                    raise BenchError(f"a step of the recovery was not seen: {points}")
+                return {name: b - a for name, a, b in zip(PHASE_NAMES, points, points[1:])}
+        raise BenchError(f"job ended before recovering: {' '.join(argv[:8])}")
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def phase_table(rounds: int) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "launcher"), "STEPS": "400", "COMMIT_EVERY": "5", "STEP_PAUSE": "0.1",
+           "GLOO_SOCKET_IFNAME": "lo", "MODE": "trainrun"}
+    py = sys.executable
+    scenarios = {
+        "-np 4 --max-restarts 3, rank 3 killed, 4 restart": (
+            [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", WORKER],
+            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e),
+        "pipe hosts 2x2 --min-np 2, far2's ranks killed, 2 go on": (
+            [py, PIPE, "-v", "-H", "far1:2,far2:2", "--min-np", "2", WORKER],
+            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2"),
+    }
+    got: dict[str, list[dict]] = {k: [] for k in scenarios}
+    for r in range(rounds):
+        for name, (argv, pred) in scenarios.items():
+            got[name].append(phases(argv, env, pred))
+            print(f"round {r + 1}: {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got[name][-1].items()),
+                  file=sys.stderr, flush=True)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    lines = [PHASES_START, "## The restart path, step by step", "",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average at the end: {load}; "
+             f"`python scripts/bench_elastic.py --phases --rounds {rounds}`; medians of {rounds} (seconds)", "",
+             "| step | " + " | ".join(got) + " |", "|---|" + "---:|" * len(got)]
+    for step in PHASE_NAMES:
+        lines.append(f"| {step} | " + " | ".join(f"{med([g[step] for g in runs]):.2f}" for runs in got.values()) + " |")
+    lines.append("| **kill to next step** | " + " | ".join(f"**{med([sum(g.values()) for g in runs]):.2f}**"
+                                                       for runs in got.values()) + " |")
+    return lines + [PHASES_END]
+
+
+PHASES_START, PHASES_END = "<!-- restart-phases: written by scripts/bench_elastic.py -->", "<!-- /restart-phases -->"
+
+
 def commit_costs(env: dict, sizes=(1, 16, 64, 256)) -> dict[int, tuple[float, ...]]:
     """{MiB: (commit, memcpy, memcpy to two buffers in turn, xxh3, crc32, fastest commit, fastest memcpy)} in
     seconds, medians but the last two (bench_commit_worker.py)."""
@@ -142,10 +240,11 @@ def commit_table(costs) -> list[str]:
 
 
 def replace_section(text: str, section: list[str]) -> str:
-    """`text` with the part between COMMIT_START and COMMIT_END (or the end) replaced by `section`."""
-    if COMMIT_START in text:
-        head, _, rest = text.partition(COMMIT_START)
-        tail = rest.partition(COMMIT_END)[2]
+    """`text` with the part between section[0] and section[-1] (its markers) replaced, or `section` appended."""
+    start, end = section[0], section[-1]
+    if start in text:
+        head, _, rest = text.partition(start)
+        tail = rest.partition(end)[2]
         return head + "\n".join(section) + tail
     return text.rstrip("\n") + "\n\n" + "\n".join(section) + "\n"
 
@@ -159,10 +258,13 @@ def main() -> int:
     ap.add_argument("--cluster", action="store_true", help="also on 3 simulated hosts (takes the testbed lock)")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "elastic.md"))
     ap.add_argument("--commit-only", action="store_true", help="only the commit() table (replaced in --out)")
+    ap.add_argument("--phases", action="store_true", help="only the restart path step by step (replaced in --out)")
     args = ap.parse_args()
-    if args.commit_only:
-        costs = commit_costs({**os.environ, "PYTHONPATH": str(REPO / "launcher")})
-        section = commit_table(costs)
+    if args.commit_only or args.phases:
+        if args.phases:
+            section = phase_table(args.rounds)
+        else:
+            section = commit_table(commit_costs({**os.environ, "PYTHONPATH": str(REPO / "launcher")}))
         print("\n".join(section))
         out = Path(args.out)
         out.write_text(replace_section(out.read_text() if out.exists() else "", section))

@@ -4,12 +4,27 @@
     MODE=torchrun   torch.distributed (gloo) allreduce of the gradients; rank 0 saves a disk checkpoint
                     every COMMIT_EVERY steps; every start loads it (torchrun --max-restarts restarts all)
 
-Rank 0 prints `step S size N restart R t=UNIX_TIME` after every step (STEPS in all, STEP_PAUSE s apart).
+Rank 0 prints `step S size N restart R t=UNIX_TIME` after every step (STEPS in all, STEP_PAUSE s apart);
+with PHASES=1 (trainrun) also `phases restart R start=T script=T imported=T world=T built=T synced=T` before its first
+step: when the process started, its script began, `import torch` ended, the MPI world was up, the optimizer
+and state were built, sync() ended.
 """
 import os
 import time
 
-import torch
+
+def _started() -> float:
+    """This process's start (UNIX time), from /proc: the interpreter's own start-up counts."""
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    uptime = float(open("/proc/uptime").read().split()[0])  # btime is whole seconds; uptime has 10 ms
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+PHASES = {"start": _started(), "script": time.time()}  # PHASES=1: rank 0 prints when each start-up phase ended
+
+import torch  # noqa: E402
+
+PHASES["imported"] = time.time()
 
 MODE = os.environ.get("MODE", "trainrun")
 STEPS = int(os.environ.get("STEPS", "200"))
@@ -34,12 +49,17 @@ if MODE == "trainrun":
     import trainrun.torch as hvd
 
     hvd.init()
+    PHASES["world"] = time.time()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
     state = hvd.elastic.TorchState(model, opt, step=0)
+    PHASES["built"] = time.time()  # DistributedOptimizer and TorchState made
 
     @hvd.elastic.run
     def train(state):
         restart = hvd.elastic.restart_count()
+        PHASES["synced"] = time.time()
+        if os.environ.get("PHASES") and (hvd.rank() == 0 or os.environ.get("PHASES") == "all"):
+            print("phases restart %d %s" % (restart, " ".join(f"{k}={v:.3f}" for k, v in PHASES.items())), flush=True)
         while state.step < STEPS:
             x, y = batch(state.step, hvd.rank())
             opt.zero_grad()
