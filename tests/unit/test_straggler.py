@@ -127,3 +127,14 @@ def test_bad_lines_are_ignored():
     w = st.Watch(dict(HOSTS2x2))
     assert w.on_window(0, "garbage", 1.0) == [] and w.on_window(0, "0 0 0 0 0", 1.0) == []
     assert st.Window.parse(1, "4000 10 5 1 -3", 2.0).before_ms == 0  # the five-field form
+
+
+def test_the_output_dir_record_holds_the_window_and_the_named_straggler():
+    import json
+    w = st.Watch(dict(HOSTS2x2))
+    assert json.loads(w.record(3, text(wait=40, last=95, before=7), 5.0)) == {
+        "time": 5.0, "rank": 3, "host": "h2", "wall_ms": 4000, "wait_ms": 40, "collectives": 100, "last": 95,
+        "steps": 40, "before_ms": 7, "straggler": None}
+    feed(w, 4, slow_rank({3}))
+    assert json.loads(w.record(0, text(), 20.0))["straggler"] == [3]
+    assert w.record(0, "nonsense", 1.0) is None

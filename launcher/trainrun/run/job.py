@@ -94,7 +94,7 @@ class Job:
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
         # who holds the job back (run/straggler.py), from the ranks' window summaries
-        self.stragglers = Watch({p.rank: p.assignment.host for p in plan.procs}) if len(plan.procs) > 1 else None
+        self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -174,8 +174,26 @@ class Job:
     def on_progress(self, rank: int, perf: str = "") -> None:
         self._last_activity = time.monotonic()
         if perf and self.stragglers is not None and self._stopped_at is None:
-            for line in self.stragglers.on_window(rank, perf, self._last_activity):
-                log.warning("%s", line)
+            try:
+                for line in self.stragglers.on_window(rank, perf, self._last_activity):
+                    log.warning("%s", line)
+                if self.output_dir:
+                    self._record_window(rank, perf)
+            except Exception as err:  # a diagnosis must never end the job: stop diagnosing
+                log.info("straggler detection stopped: %s: %s", type(err).__name__, err)
+                self.stragglers = None
+
+    def _record_window(self, rank: int, perf: str) -> None:
+        """Append the window to --output-dir's straggler.jsonl (per rank and window; run/straggler.py)."""
+        line = self.stragglers.record(rank, perf, time.time())
+        if line is None:
+            return
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+            with open(os.path.join(self.output_dir, "straggler.jsonl"), "a") as f:
+                f.write(line + "\n")
+        except OSError as err:
+            log.info("cannot write %s/straggler.jsonl: %s", self.output_dir, err.strerror)
 
     def on_stall(self, rank: int, stuck: str = "") -> None:
         if stuck:
@@ -387,8 +405,11 @@ class Job:
                 self.world.cleanup()
             self.sink.close()
             if self.stragglers is not None:
-                for line in self.stragglers.summary():
-                    log.warning("%s", line)
+                try:
+                    for line in self.stragglers.summary():
+                        log.warning("%s", line)
+                except Exception as err:  # (as in on_progress)
+                    log.info("straggler summary failed: %s: %s", type(err).__name__, err)
             self._settle()
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():

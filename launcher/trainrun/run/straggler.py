@@ -32,6 +32,7 @@ The runtime cannot tell the loader from the forward pass: neither calls it. With
 """
 from __future__ import annotations
 
+import json
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
@@ -92,10 +93,6 @@ class Verdict:
     compute_ratio: float   # its compute time over the others' median (inf when theirs is 0)
     span_s: float          # the time the windows cover
     where: str = ""        # "before" the step (loader, forward), "inside" it, or "" (unknown)
-
-    @property
-    def key(self) -> tuple:
-        return self.ranks
 
 
 def rank_stats(windows) -> Stats | None:
@@ -219,6 +216,16 @@ class Watch:
         t[2] += w.collectives
         t[3] += w.last
         return self.evaluate(now)
+
+    def record(self, rank: int, text: str, wall_time: float) -> str | None:
+        """The JSON line for `--output-dir`'s straggler.jsonl: one rank's window and the straggler named
+        at that moment (its ranks, or null); None for a line that does not parse."""
+        w = Window.parse(rank, text, 0.0)
+        if w is None:
+            return None
+        return json.dumps({"time": round(wall_time, 3), "rank": rank, "host": self.hosts.get(rank), "wall_ms": w.wall_ms,
+                           "wait_ms": w.wait_ms, "collectives": w.collectives, "last": w.last, "steps": w.steps,
+                           "before_ms": w.before_ms, "straggler": list(self.current.ranks) if self.current else None})
 
     def evaluate(self, now: float) -> list[str]:
         for q in self.windows.values():

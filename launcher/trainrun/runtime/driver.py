@@ -159,6 +159,7 @@ class Driver:
         for r in self._bycid.values():
             announced[r.name] = r
         self._fresh, self._bycid, self._mask = [], {}, 0
+        self._sent = 0  # (straggler counts: these ops now wait for a response, in no round's bits)
         if self._abort_reason is not None and not self._abort_sent:
             items.append(Request("abort", self._abort_reason).meta())
             self._abort_sent = True
