@@ -10,6 +10,12 @@ Contract: `collective(start, finish, inputs, touts, op_name)` builds, per collec
   1. submit -- a stateful numpy_function: `start(*arrays)` hands the op to trainrun's engine (an
      `*_async` call) and returns (runtime handle, engine); the node returns an id at once. A `start`
      that raises (a bad argument) still returns an id, whose finish raises that error.
+     The one exception, for the latency of a lone collective: where the graph holds one collective
+     (counted per graph as they are built: a graph of one cannot wait on itself) and no other graph
+     collective is in flight on this rank (so at most one TF thread per rank ever blocks, and with two
+     or more inter-op threads every rank keeps one for the submits of concurrent graphs),
+     `start(*arrays, blocking=True)` runs the op to completion in the submit node (the runtime's
+     blocking path, the lone-op fast path included) and the wait node then passes at once.
   2. wait -- the TrainrunWait kernel (native/check_op.cc), asynchronous: it holds no thread while the
      op is in flight and passes the id on once the waiter thread releases it.
   3. finish -- a stateful numpy_function: the op's result (or error) through `finish(result)`, never
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -55,16 +62,32 @@ class _Waiter:
     def __init__(self):
         self._cv = threading.Condition()
         self._pending: dict[int, tuple] = {}   # id -> (runtime handle, engine)
+        self._blocking = 0                     # ops run in a submit node now (at most one: see submit)
         self._outcomes: dict[int, tuple] = {}  # id -> (True, result) | (False, exception)
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
         self._release = None
 
-    def submit(self, start, arrays) -> np.int64:
-        """Start the op (`start(*arrays)` -> (handle, engine)); its id (a failed start: done at once)."""
+    def submit(self, start, arrays, alone: bool) -> np.int64:
+        """Start the op (`start(*arrays)` -> (handle, engine)); its id (a failed start: done at once).
+        `alone`: the op's graph holds no other collective: run it here if nothing else is in flight."""
         wait = native.wait_op()
         self._release = wait[1]
         tid = next(self._ids)
+        if alone:
+            with self._cv:
+                alone = not self._pending and not self._blocking
+                self._blocking += alone
+        if alone:
+            try:
+                outcome = (True, start(*arrays, blocking=True))
+            except Exception as e:  # noqa: BLE001 (the finish node reports it, typed)
+                outcome = (False, e)
+            finally:
+                with self._cv:
+                    self._blocking -= 1
+            self._done(tid, outcome)
+            return np.int64(tid)
         try:
             handle, eng = start(*arrays)
         except Exception as e:  # noqa: BLE001 (the finish node reports it, typed)
@@ -121,6 +144,7 @@ def _polled(handle) -> bool:
 
 
 WAITER = _Waiter()
+_COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> [its collectives]
 
 
 def collective(start, finish, inputs, tout, op_name):
@@ -133,13 +157,12 @@ def collective(start, finish, inputs, tout, op_name):
     node_touts = [tf.float32 if t == bf16 else t for t in touts]
     check, wait = native.check_op(), native.wait_op()
     if wait is None:
-        def blocking(*a):
-            handle, _ = start(*a)
-            return finish(state.synchronize(handle))
-        outs = _checked(blocking, inputs, node_touts, many, op_name, check)
+        outs = _checked(lambda *a: finish(start(*a, blocking=True)), inputs, node_touts, many, op_name, check)
     else:
-        tid = tf.numpy_function(lambda *a: WAITER.submit(start, a), inputs, tf.int64, stateful=True,
-                                name=f"{op_name}Submit")
+        count = _COUNTS.setdefault(tf.compat.v1.get_default_graph(), [0])
+        count[0] += 1  # (read when the graph runs: complete by then)
+        tid = tf.numpy_function(lambda *a: WAITER.submit(start, a, count[0] == 1), inputs, tf.int64,
+                                stateful=True, name=f"{op_name}Submit")
         tid = wait[0](tf.reshape(tid, []), name=f"{op_name}Wait")
         outs = _checked(lambda t: finish(WAITER.take(t)), [tid], node_touts, many, op_name, check)
     outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]

@@ -86,9 +86,12 @@ def _graph_name(kind: str, name, tensor) -> str:
 _GRAPH_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> {name: times used}
 
 
-def _started(fn, *args, process_set=None, **kw) -> tuple:
-    """(handle, engine) of the runtime's async op `fn` started on `process_set` (graph_ops' `start`)."""
-    return fn(*args, process_set=process_set, **kw), state.engine(process_set)
+def _started(async_fn, fn, blocking, *args, process_set=None, **kw):
+    """graph_ops' `start`: the (handle, engine) of the runtime's async op `async_fn` started on
+    `process_set`, or with `blocking` the result of its blocking twin `fn`."""
+    if blocking:
+        return fn(*args, process_set=process_set, **kw)
+    return async_fn(*args, process_set=process_set, **kw), state.engine(process_set)
 
 
 def _same(result):
@@ -124,8 +127,9 @@ def _allreduce(tensor, name, op, pre, post, process_set):
         np.copyto(out, a)  # the one copy an out-of-place op needs; the reduction then runs in place
         return _wrap(rt.allreduce_(out, name=name, **kw))
     gname = _graph_name("allreduce", name, tensor)
-    out = graph_ops.collective(lambda a: _started(rt.allreduce_async, a, name=gname, **kw), _same, [tensor],
-                               tensor.dtype, "TrainrunAllreduce")
+    out = graph_ops.collective(
+        lambda a, blocking=False: _started(rt.allreduce_async, rt.allreduce, blocking, a, name=gname, **kw),
+        _same, [tensor], tensor.dtype, "TrainrunAllreduce")
     out.set_shape(tensor.shape)
     return out
 
@@ -137,7 +141,8 @@ def _grouped_allreduce(tensors, name, op, pre, post, process_set) -> list:
     if _eager():
         return _grouped_eager([_view(t) for t in tensors], name, kw)
     gname = _graph_name("grouped_allreduce", name, tensors[0])
-    outs = graph_ops.collective(lambda *a: _started(rt.grouped_allreduce_async, list(a), name=gname, **kw), _same,
+    outs = graph_ops.collective(lambda *a, blocking=False: _started(
+        rt.grouped_allreduce_async, rt.grouped_allreduce, blocking, list(a), name=gname, **kw), _same,
                                 tensors, [t.dtype for t in tensors], "TrainrunGroupedAllreduce")
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
@@ -185,8 +190,10 @@ def _allgather(tensor, name, process_set):
     if _eager():
         return _wrap(rt.allgather(_view(tensor), name=name, process_set=process_set))
     gname = _graph_name("allgather", name, tensor)
-    out = graph_ops.collective(lambda a: _started(rt.allgather_async, a, name=gname, process_set=process_set),
-                               _same, [tensor], tensor.dtype, "TrainrunAllgather")
+    out = graph_ops.collective(
+        lambda a, blocking=False: _started(rt.allgather_async, rt.allgather, blocking, a, name=gname,
+                                           process_set=process_set),
+        _same, [tensor], tensor.dtype, "TrainrunAllgather")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
     return out
 
@@ -196,8 +203,9 @@ def _broadcast(tensor, root_rank, name, process_set):
         return _wrap(rt.broadcast(_view(tensor), root_rank, name=name, process_set=process_set))
     gname = _graph_name("broadcast", name, tensor)
     out = graph_ops.collective(
-        lambda a: _started(rt.broadcast_async, a, root_rank, name=gname, process_set=process_set), _same,
-        [tensor], tensor.dtype, "TrainrunBroadcast")
+        lambda a, blocking=False: _started(rt.broadcast_async, rt.broadcast, blocking, a, root_rank, name=gname,
+                                           process_set=process_set),
+        _same, [tensor], tensor.dtype, "TrainrunBroadcast")
     out.set_shape(tensor.shape)
     return out
 
@@ -207,8 +215,10 @@ def _reducescatter(tensor, name, op, pre, post, process_set):
     if _eager():
         return _wrap(rt.reducescatter(_view(tensor), name=name, **kw))
     gname = _graph_name("reducescatter", name, tensor)
-    out = graph_ops.collective(lambda a: _started(rt.reducescatter_async, a, name=gname, **kw), _same, [tensor],
-                               tensor.dtype, "TrainrunReducescatter")
+    out = graph_ops.collective(
+        lambda a, blocking=False: _started(rt.reducescatter_async, rt.reducescatter, blocking, a, name=gname,
+                                           **kw),
+        _same, [tensor], tensor.dtype, "TrainrunReducescatter")
     out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]) if tensor.shape.rank else None)
     return out
 
@@ -395,11 +405,11 @@ def _alltoall(tensor, splits, name, process_set):
     gname = _graph_name("alltoall", name, tensor)
     inputs = [tensor] + ([tf.cast(splits, tf.int64)] if splits is not None else [])
 
-    def start(a, *s):
+    def start(a, *s, blocking=False):
         s = s[0] if s else None
         if s is None and a.ndim and a.shape[0] % n == 0:
             s = [a.shape[0] // n] * n  # explicit, so that the received splits come back
-        return _started(rt.alltoall_async, a, s, name=gname, process_set=process_set)
+        return _started(rt.alltoall_async, rt.alltoall, blocking, a, s, name=gname, process_set=process_set)
 
     def finish(result):  # (start raised for an indivisible dim 0 without splits: the runtime's message)
         out, got = result
