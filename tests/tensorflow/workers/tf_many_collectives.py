@@ -55,6 +55,27 @@ def check(res, size):
         np.testing.assert_allclose(res[f"a2a{i}"], [100 * i + r + 1 for r in ranks], err_msg=f"a2a{i}")
 
 
+def mismatch_is_failed_precondition(mode, rank):
+    """A shape that differs between ranks, in a step of several collectives (the asynchronous path):
+    tf.errors.FailedPreconditionError with trainrun's message, as Horovod raises."""
+    def step():
+        good = hvd.allreduce(tf.ones([4]), name=f"good.{mode}")
+        bad = hvd.allreduce(tf.ones([2 + rank]), name=f"bad.{mode}")
+        return good, bad
+    try:
+        if mode == "tf1":
+            with tf.compat.v1.Session(graph=tf.Graph()) as sess:
+                with sess.graph.as_default():
+                    fetches = step()
+                sess.run(fetches)
+        else:
+            tf.function(step)()
+    except tf.errors.FailedPreconditionError as e:
+        assert "Mismatched shape" in str(e), str(e)
+        return
+    raise AssertionError("a shape mismatch in a graph of two collectives raised nothing")
+
+
 def main():
     out_dir, mode = Path(sys.argv[1]), sys.argv[2]
     hvd.init()
@@ -74,6 +95,7 @@ def main():
             for _ in range(3):
                 res = {k: v.numpy() for k, v in step([tf.constant(x) for x in inputs(rank)]).items()}
                 check(res, size)
+        mismatch_is_failed_precondition(mode, rank)
         result = {"ok": True}
     except Exception as e:  # noqa: BLE001 (reported to the test)
         result = {"error": f"{type(e).__name__}: {e}"[:2000]}
