@@ -67,7 +67,7 @@ from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import Handle, Request
 from trainrun.runtime.round_port import RoundPort
 from trainrun.runtime.timing import BACKGROUND_SPIN_S, IDLE_S, MAX_SLEEP_S, WAITER_SPIN_S
-from trainrun.runtime.waiting import POLICY, ROUND_SLEEP_S
+from trainrun.runtime.waiting import POLICY, ROUND_SLEEP_S, TRANSFER_SPIN_S
 
 _SHUT_DOWN = "trainrun has been shut down; call init() again to use collectives"
 _new_tuple = tuple.__new__
@@ -456,7 +456,8 @@ class Engine(LoneOp, Driver, Completion):
         """How the background thread, while it drives, waits for an MPI request of a running
         collective: overlapping the training loop, it gives the CPU back between polls while nobody
         waits on the engine, so a late peer does not cost this rank's compute a core: it yields while
-        waiting.POLICY lets it spin (BACKGROUND_SPIN_S), then sleeps (TRAINRUN_WAIT=spin: it only
+        waiting.POLICY lets it spin (TRANSFER_SPIN_S: under auto, only while the host has a core to
+        spare), then sleeps (TRAINRUN_WAIT=spin: it only
         yields, as before). A caller's thread drives because it waits: its wait is the backend's
         default (waiting.Policy.wait_request)."""
         start = time.monotonic()
@@ -468,7 +469,7 @@ class Engine(LoneOp, Driver, Completion):
                 os.sched_yield()
                 continue
             age = time.monotonic() - start
-            if POLICY.spin(age, BACKGROUND_SPIN_S):
+            if POLICY.spin(age, TRANSFER_SPIN_S):  # (a transfer moves only while polled: waiting.py)
                 os.sched_yield()
             else:
                 time.sleep(POLICY.sleep_s(age))

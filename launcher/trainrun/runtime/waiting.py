@@ -19,7 +19,8 @@ Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
   age, from MIN_SLEEP_S up to `cap_s` (MAX_SLEEP_S for an MPI request, whose transfer moves only
   while someone polls; ROUND_SLEEP_S for the engine's rounds, which only wait for peers): a late peer
   costs at most ~1/16 of its lateness, and the cap, in extra latency.
-- `wait_request(request)`: complete an MPI request by that rule. In spin mode it is exactly the
+- `wait_request(request)`: complete an MPI request (a data transfer) by that rule, with the budget
+  TRANSFER_SPIN_S (see there; 2 ms cost a 16 MiB allreduce ~15% on an idle host). In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
   this one included) against the CPUs this process may run on (os.sched_getaffinity), read at most
@@ -41,6 +42,9 @@ FLOOR_S = 30e-6       # every wait may poll this long: shorter than a sleep's wa
 MIN_SLEEP_S = 20e-6   # the first sleep once polling stops
 MAX_SLEEP_S = 0.0002  # the longest sleep between MPI_Tests of a data transfer
 ROUND_SLEEP_S = 0.001  # the longest sleep of the engine's loops waiting for peers' rounds
+TRANSFER_SPIN_S = 0.1  # how long a data transfer's wait may poll on a host with a core to spare: the
+                       # round before it agreed that every rank is there, so this wait is for data that
+                       # moves only while polled (16 MiB sleep-polled after 2 ms: 4.0 -> 4.7 ms)
 SPIN_TESTS = 256      # spin mode's MPI_Tests before MPI_Wait (~100 us: a small op's whole time)
 
 
@@ -118,7 +122,7 @@ class Policy:
 
     sleep_s = staticmethod(backoff_s)
 
-    def wait_request(self, request, budget_s: float = 0.002) -> None:
+    def wait_request(self, request, budget_s: float = TRANSFER_SPIN_S) -> None:
         """Complete MPI `request`: poll (MPI_Test) while spin(age, budget_s), then MPI_Test between
         sleeps of sleep_s(age). Spin mode: SPIN_TESTS polls, then MPI_Wait (the earlier behaviour)."""
         test = request.Test
