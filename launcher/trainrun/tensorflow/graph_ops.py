@@ -32,6 +32,10 @@ the engine's completions (Engine.sleep_until), takes each completed op's result 
 no longer blocks) and releases its id. It waits for whichever op completes first (never for one in
 particular): an op may complete only after this rank runs nodes that need another op's result.
 
+Known gap: a step that fails (another node's error) after some submit nodes ran but before their finish
+nodes did leaves those ops' outcomes (results included) in the waiter's table, and their ids in the
+kernel's released set, until the process ends.
+
 Where the kernels cannot be built (no compiler; TRAINRUN_TF_NATIVE=0) each collective is one blocking
 numpy_function (start, synchronize, finish): the limit above applies then (more inter-op threads, or
 control dependencies between the collectives, avoid it).
