@@ -20,7 +20,7 @@ import os
 import sys
 
 from trainrun.runtime import process_sets as _sets
-from trainrun.runtime import horovod_env
+from trainrun.runtime import horovod_env, waiting
 from trainrun.runtime.context import RUNTIME, Session
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401 (ProcessSet: as before)
 from trainrun.runtime.topology import Topology
@@ -48,6 +48,7 @@ def init(comm=None, process_sets=None) -> None:
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise RuntimeError("trainrun needs MPI initialized with at least MPI_THREAD_SERIALIZED "
                                "(mpi4py's default is MULTIPLE; check mpi4py.rc.thread_level)")
+        waiting.POLICY.set_mode(os.environ.get(waiting.ENV, ""))  # ValueError naming a bad TRAINRUN_WAIT
         session = Session(topology.from_mpi(comm), comm, horovod_env.read(os.environ))
         engine = session.start_engine(comm, 0, list(range(session.topology.size)))
         if session.topology.rank == 0:

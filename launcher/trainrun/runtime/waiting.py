@@ -144,4 +144,12 @@ class Policy:
                 sleep(backoff_s(age))
 
 
-POLICY = Policy(os.environ.get(ENV, "auto"))
+def _from_env() -> Policy:
+    """The process's policy; a bad TRAINRUN_WAIT is reported by init (state.init: set_mode), not at import."""
+    try:
+        return Policy(os.environ.get(ENV, "auto"))
+    except ValueError:
+        return Policy("auto")
+
+
+POLICY = _from_env()
