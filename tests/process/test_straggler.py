@@ -4,6 +4,7 @@ within 30 s of training start (the issue's acceptance), say where its time goes 
 the step, or compute, inside it), print the end-of-job summary; a healthy run prints neither."""
 import json
 import re
+import sys
 import threading
 import time
 
@@ -16,9 +17,9 @@ JOB = worker("straggler_job.py")
 DETECT_S = 30.0
 
 
-def launch(start_trainrun, *args, **env):
+def launch(start_trainrun, *args, job=JOB, **env):
     """Run the job to its end; (rc, [(seconds after the last rank's 'started', stderr line)], stdout)."""
-    proc = start_trainrun("-np", 4, *args, JOB, env=base_env(SECONDS_TO_RUN="40", **env))
+    proc = start_trainrun("-np", 4, *args, sys.executable, job, env=base_env(SECONDS_TO_RUN="40", **env))
     started, err, out = [], [], []
 
     def read_err():
@@ -56,6 +57,17 @@ def test_the_slowed_rank_is_named_within_30_s(start_trainrun, tmp_path, where):
     records = [json.loads(line) for line in (tmp_path / "out" / "straggler.jsonl").read_text().splitlines()]
     assert {r["rank"] for r in records} == {0, 1, 2, 3}
     assert records[-1]["straggler"] == [2] and all(r["wall_ms"] > 0 for r in records)
+
+
+def test_without_an_optimizer_plain_allreduces_name_the_rank(start_trainrun):
+    """Blocking allreduces (the lone-op path: the round bits cannot tell who came last, a solo round
+    completing at once does), steps unknown: the rank is named, nothing said of where its time goes."""
+    rc, err, _ = launch(start_trainrun, job=worker("straggler_allreduce.py"), SLOW_RANK="1")
+    text = "\n".join(line for _, line in err)
+    assert rc == 0, text
+    named = [(s, line) for s, line in err if "trainrun: straggler: rank" in line]
+    assert named and named[0][1].startswith("trainrun: straggler: rank 1 on "), text
+    assert named[0][0] < DETECT_S and "its time goes" not in named[0][1], named[0]
 
 
 def test_a_healthy_run_names_no_straggler(start_trainrun):
