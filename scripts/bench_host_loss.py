@@ -26,37 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import REPO, machine_lines, testbed_session, write_out  # noqa: E402
+from testbed import procs_with  # noqa: E402
 
 ESCAPEES = str(REPO / "tests" / "process" / "workers" / "escapees.py")
 
 
-def procs_with(token: str) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                hit = token.encode() in f.read()
-            with open(f"/proc/{name}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] in "ZX"
-        except (OSError, IndexError):
-            continue
-        if hit and not zombie:
-            out.append(int(name))
-    return out
-
-
 def on_host(tb, i: int, pids) -> list[int]:
-    uts = os.readlink(f"/proc/{tb.holder_pid(i)}/ns/uts")
-    out = []
-    for pid in pids:
-        try:
-            if os.readlink(f"/proc/{pid}/ns/uts") == uts:
-                out.append(pid)
-        except OSError:
-            pass
-    return out
+    return tb.on_host(i, pids)
 
 
 def agent_on(tb, i: int) -> int:

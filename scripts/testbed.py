@@ -141,6 +141,18 @@ class Testbed:
     def holder_pid(self, i: int) -> int:
         return int((self.host(i).dir / "holder.pid").read_text())
 
+    def on_host(self, i: int, pids) -> list[int]:
+        """Those of `pids` that run inside host i (its UTS namespace: all hosts share one PID namespace)."""
+        uts = os.readlink(f"/proc/{self.holder_pid(i)}/ns/uts")
+        out = []
+        for pid in pids:
+            try:
+                if os.readlink(f"/proc/{pid}/ns/uts") == uts:
+                    out.append(pid)
+            except OSError:
+                pass
+        return out
+
     def enter(self, i: int) -> list[str]:
         """The argv prefix that runs a command inside host i."""
         return ["nsenter", "-t", str(self.holder_pid(i)), *ENTER, "--"]
@@ -356,6 +368,23 @@ def down(state_dir: Path = STATE_DIR) -> list[str]:
     shutil.rmtree(st, ignore_errors=True)
     left = namespaces() + ([ROOT_LINK] if Path(f"/sys/class/net/{ROOT_LINK}").exists() else [])
     return left + ([str(st)] if st.exists() else [])
+
+
+def procs_with(token: str) -> list[int]:
+    """Live (not zombie) processes anywhere on this machine, every host's included, whose command line
+    contains `token` (this process excepted): how tests and benchmarks find a job's processes."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                hit = token.encode() in f.read()
+        except OSError:
+            continue
+        if hit and _alive(int(name)):
+            out.append(int(name))
+    return out
 
 
 def _alive(pid: int) -> bool:

@@ -20,6 +20,8 @@ import pytest
 
 from trainrun.run.watchdog import POLL_S
 
+testbed = sys.modules["trainrun_testbed"]   # scripts/testbed.py, as conftest.py loaded it
+
 ESCAPEES = str(Path(__file__).parents[1] / "process" / "workers" / "escapees.py")
 TEARDOWN_S = 10.0  # generous upper bound for "quickly" on a busy 2-core box
 
@@ -28,35 +30,11 @@ def argv(cluster, *args):
     return [sys.executable, "-m", "trainrun", "--ssh-config", str(cluster.ssh_config), *map(str, args)]
 
 
-def procs_with(token: str) -> list[int]:
-    """Live (not zombie) processes anywhere on the machine whose command line contains `token`."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                hit = token.encode() in f.read()
-            with open(f"/proc/{name}/stat") as f:
-                zombie = f.read().rsplit(")", 1)[1].split()[0] in "ZX"
-        except (OSError, IndexError):
-            continue
-        if hit and not zombie:
-            out.append(int(name))
-    return out
+procs_with = testbed.procs_with
 
 
 def on_host(cluster, i: int, pids) -> list[int]:
-    """Those of `pids` that run inside simulated host i (its UTS namespace)."""
-    uts = os.readlink(f"/proc/{cluster.holder_pid(i)}/ns/uts")
-    out = []
-    for pid in pids:
-        try:
-            if os.readlink(f"/proc/{pid}/ns/uts") == uts:
-                out.append(pid)
-        except OSError:
-            pass
-    return out
+    return cluster.on_host(i, pids)
 
 
 def wait_none(token: str, timeout: float) -> list[int]:
