@@ -117,7 +117,9 @@ class LocalRanks:
 
         reaper.become_subreaper()
         self._since = reaper.ticks_now()
-        self._helpers = {watchdog.pid}
+        from trainrun.run.watchdog import guardian_pids
+
+        self._helpers = {watchdog.pid, *guardian_pids()}
 
         self._oom = OomWatch()
         self._wake = os.pipe()

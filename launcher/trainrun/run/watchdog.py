@@ -25,6 +25,15 @@ import time
 
 POLL_S = 0.5
 
+_LIVE: set[int] = set()  # pids of this process's guardians not yet closed
+
+
+def guardian_pids() -> frozenset[int]:
+    """This process's live guardians: children in another session that are no part of any job, which an
+    owner's sweep of adopted orphans must spare (an elastic launcher has one guardian for its whole run
+    beside each attempt's; one forked in the same clock tick as a job started looks like its orphan)."""
+    return frozenset(_LIVE)
+
 
 class Watchdog:
     def __init__(self):
@@ -35,6 +44,7 @@ class Watchdog:
             _guard(r)
         os.close(r)
         self._w, self.pid = w, pid
+        _LIVE.add(pid)
 
     def add(self, pgid: int) -> None:
         os.write(self._w, b"+%d\n" % pgid)
@@ -62,7 +72,11 @@ class Watchdog:
             pass
         os.close(self._w)
         self._w = None
-        os.waitpid(self.pid, 0)
+        _LIVE.discard(self.pid)
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:  # reaped already (a subreaper's orphan sweep must not, but never fail here)
+            pass
 
 
 def _guard(r: int) -> None:
