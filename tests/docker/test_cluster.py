@@ -257,14 +257,6 @@ def test_entrypoint_takes_the_key_from_env(cluster):
     assert "/etc/ssh/ssh_host_ed25519_key" in r.stdout  # made at start, not baked in
 
 
-def test_down_leaves_nothing(cluster, cc):
-    cc.down(NAME, cluster.state_dir)
-    assert cc.leftovers(cc.project_name(NAME)) == {"containers": [], "networks": [], "volumes": []}
-    assert not Path(cluster.state_dir).exists()
-    assert subprocess.run(["docker", "ps", "-aq", "--filter", f"label=org.trainrun.cluster={NAME}"],
-                          capture_output=True, text=True).stdout.strip() == ""
-
-
 HVD_TRAIN = """
 import socket, numpy as np
 import trainrun.numpy as hvd
@@ -287,3 +279,12 @@ def test_horovodrun_tutorial_line_from_node1(cluster):
     rows = sorted(line.split("<stdout>:", 1) for line in r.stdout.splitlines() if "<stdout>:HVD" in line)
     assert [tag for tag, _ in rows] == [f"[1,{k}]" for k in range(4)], r.stdout
     assert [text.split()[1:] for _, text in rows] == [[str(k), "4", f"node{k // 2 + 1}", "6"] for k in range(4)]
+
+
+# last in this file: it tears down the cluster every test above shares (pytest runs a file in order)
+def test_down_leaves_nothing(cluster, cc):
+    cc.down(NAME, cluster.state_dir)
+    assert cc.leftovers(cc.project_name(NAME)) == {"containers": [], "networks": [], "volumes": []}
+    assert not Path(cluster.state_dir).exists()
+    assert subprocess.run(["docker", "ps", "-aq", "--filter", f"label=org.trainrun.cluster={NAME}"],
+                          capture_output=True, text=True).stdout.strip() == ""
