@@ -36,14 +36,7 @@ def on_host(tb, i: int, pids) -> list[int]:
 
 
 def agent_on(tb, i: int) -> int:
-    agents = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"trainrun.agent" in f.read():
-                    agents.append(int(name))
-        except (OSError, ValueError):
-            pass
+    agents = procs_with("trainrun.agent")
     here = on_host(tb, i, agents)
     ppid = {p: int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in here}
     return next(p for p in here if ppid[p] not in here)

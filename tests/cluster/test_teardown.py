@@ -87,14 +87,7 @@ def test_no_process_of_the_job_survives_on_any_host(cluster, tmp_path, end):
 
 def the_agent_on(cluster, i: int) -> tuple[int, list[int]]:
     """The pid of the trainrun agent on host i, and of its watchdog (a fork with the same command line)."""
-    agents = []
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                if b"trainrun.agent" in f.read():
-                    agents.append(int(name))
-        except (OSError, ValueError):
-            pass
+    agents = procs_with("trainrun.agent")
     here = on_host(cluster, i, agents)
     parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in here}
     top = [pid for pid in here if parents[pid] not in here]
