@@ -11,8 +11,8 @@ without facts, as `--dry-run` plans a remote job), through the launch's own path
 make_plan). Rows:
     plan          make_plan: placement, env contract, one ProcessSpec per rank
     plan + envs   the same, then every rank's env built once, one after another (what starting the ranks does)
-    elastic       make_plan, then an elastic attempt's own variables added to every rank (run/elastic.py's
-                  with_env: plan/spec.py now; run/elastic.py before)
+    elastic       make_plan, then an elastic attempt's own variables added to every rank (supervisor/restarts.py's
+                  with_env: plan/spec.py now; supervisor/restarts.py before)
     --dry-run     the whole command, `trainrun --hostfile H --dry-run train.py`, its table to /dev/null
 A child that passes --timeout or the address-space limit (--mem-limit) is reported as such, not waited for.
 Sizes above the launcher's cap (plan/limits.py, 65536) run with TRAINRUN_MAX_RANKS raised to the size.
@@ -49,8 +49,8 @@ plan = make_plan(cfg, shape, {}, "n00000", job_id="bench")
 if mode == "elastic":
     try:
         from trainrun.plan.spec import with_env
-    except ImportError:  # before: run/elastic.py's own
-        from trainrun.run.elastic import with_env
+    except ImportError:  # before: supervisor/restarts.py's own
+        from trainrun.supervisor.restarts import with_env
     plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": "1", "TRAINRUN_ELASTIC": "1"})
 t1 = time.perf_counter()
 if mode == "envs":

@@ -33,7 +33,7 @@ def worker(steps_per_block: int, blocks: int) -> None:
     import torch
 
     import trainrun.torch as hvd
-    from trainrun.runtime import state
+    from trainrun.runtime import lifecycle
 
     hvd.init()
     torch.manual_seed(0)
@@ -42,7 +42,7 @@ def worker(steps_per_block: int, blocks: int) -> None:
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.001),
                                    named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    engine = state.engine(None)
+    engine = lifecycle.engine(None)
     x = torch.randn(16, 64)
     times = {True: [], False: []}
     pairs, prev = [], []

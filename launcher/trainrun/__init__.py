@@ -4,18 +4,21 @@ Importing this package must stay cheap: the launcher's start-up path imports not
 (no paramiko, mpi4py, numpy or torch); docs/architecture.md has the map and the import rule.
 """
 
-__version__ = "0.1.0"
+from trainrun.version import __version__  # noqa: F401  (the one place it is written: version.py)
+
+
+def run(func, *args, **kwargs):
+    """`trainrun.run(func, ...)`: run a function on N ranks and return their values (index = rank).
+
+    The whole contract is trainrun.runfunc.api.run's; it is imported at the first call, so that
+    `import trainrun` stays cheap."""
+    from trainrun.runfunc.api import run as _run
+
+    return _run(func, *args, **kwargs)
 
 
 def __getattr__(name: str):
-    """`trainrun.run(func, ...)` (a function on N ranks, its return values back: trainrun.runfunc.api.run)
-    and its errors, imported when first used, so `import trainrun` stays cheap. `trainrun.run` is the
-    package trainrun/run/, which answers the call (the launcher's modules live there, and importing any of
-    them binds the name to the package)."""
-    if name == "run":
-        import importlib
-
-        return importlib.import_module("trainrun.run")
+    """trainrun.run's errors (RankError, RunError), imported when first used."""
     if name in ("RankError", "RunError"):
         from trainrun.runfunc import errors
 

@@ -11,7 +11,7 @@ from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.fanout.select import HostSource, host_source
 from trainrun.plan.planner import JobShape, host_address, make_plan, master_address, shape_job
-from trainrun.run.output import prepare_output_dir, sink_for
+from trainrun.supervisor.output import prepare_output_dir, sink_for
 
 AGENT_START_SLACK = 30.0  # seconds beyond --ssh-timeout for an agent's HELLO (interpreter start-up on a busy host)
 
@@ -23,7 +23,7 @@ def launch(cfg: LaunchConfig) -> int:
         return check(cfg)
     elastic = cfg.elastic_settings()
     if elastic.enabled and not cfg.dry_run:
-        from trainrun.run.elastic import run_elastic
+        from trainrun.supervisor.restarts import run_elastic
 
         if cfg.output_dir:
             prepare_output_dir(cfg.output_dir)
@@ -46,7 +46,7 @@ def launch(cfg: LaunchConfig) -> int:
     if cfg.dry_run:
         return dry_run(cfg, source, shape, facts)
     if cfg.mpi == "openmpi":  # mpirun does its own fan-out
-        from trainrun.mpi.openmpi import run_openmpi
+        from trainrun.mpiworld.openmpi import run_openmpi
 
         plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
         return run_openmpi(plan, sink_for(cfg, len(plan.procs)), oversubscribe=cfg.oversubscribe, grace=cfg.grace)
@@ -83,8 +83,8 @@ def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
 def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
     """Reach the remote hosts, plan with their facts, run every rank group to the end."""
     from trainrun.plan.envcontract import forwarded_env
-    from trainrun.run.job import Job
-    from trainrun.run.local import LocalRanks
+    from trainrun.supervisor.job import Job
+    from trainrun.supervisor.local import LocalRanks
 
     engine, agents = None, {}
     if shape.remote:
@@ -116,7 +116,7 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
             groups.append(agent)
         policy = None
         if ps:
-            from trainrun.run.ps_policy import PsPolicy
+            from trainrun.supervisor.ps_policy import PsPolicy
 
             policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
         job = Job(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace, start_timeout=cfg.start_timeout,

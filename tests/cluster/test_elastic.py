@@ -63,7 +63,7 @@ def hosts_segments(cluster, stderr: str, seconds: float = 15.0) -> dict[int, lis
     import re
     import time
 
-    from trainrun.mpi.shm import kvsname_for, shm_segment_pattern
+    from trainrun.mpiworld.shm import kvsname_for, shm_segment_pattern
 
     jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
     patterns = [re.compile(r"trainrun_state_\d+_%s_\d+" % j) for j in jobs]

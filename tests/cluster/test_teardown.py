@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.run.watchdog import POLL_S
+from trainrun.supervisor.watchdog import POLL_S
 
 testbed = sys.modules["trainrun_testbed"]   # scripts/testbed.py, as conftest.py loaded it
 

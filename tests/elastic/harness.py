@@ -108,8 +108,8 @@ def wait_gone(token: str, seconds: float = 15.0) -> list:
 def leftover_segments(stderr: str) -> list[str]:
     """/dev/shm segments (MPICH's, committed state's) of the jobs a `trainrun -v` run logged (`attempt N: job ID`); other users' MPI jobs
     (other test sessions) have their own names, so this is exact where a before/after listing is not."""
-    from trainrun.mpi.shm import kvsname_for, shm_segment_pattern
-    from trainrun.run.control import state_segments
+    from trainrun.mpiworld.shm import kvsname_for, shm_segment_pattern
+    from trainrun.supervisor.control import state_segments
 
     jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
     assert jobs, "no job ids in the launcher's log (run it with -v)"

@@ -123,7 +123,7 @@ def test_dry_run_says_which_horovod(tmp_path):
 
 
 def test_open_mpi_ranks_import_trainruns_horovod(request, tmp_path):
-    """Under --mpi openmpi, mpirun starts trainrun.mpi.ompi_rank on each host, which puts the shim on the path."""
+    """Under --mpi openmpi, mpirun starts trainrun.mpiworld.ompi_rank on each host, which puts the shim on the path."""
     env = {**os.environ, "PATH": f"{request.getfixturevalue('openmpi_bin')}:{os.environ['PATH']}"}
     code = "import horovod; from mpi4py import MPI; print('HOROVOD', MPI.COMM_WORLD.rank, horovod.__file__)"
     proc = subprocess.run([sys.executable, "-m", "trainrun", "--mpi", "openmpi", "-np", "2", "python", "-c", code],

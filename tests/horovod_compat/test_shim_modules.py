@@ -91,7 +91,7 @@ def test_open_mpi_rank_shim_puts_the_horovod_shim_first(tmp_path):
             "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1", "PYTHONPATH": "/user"}
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **ompi}
     code = "import os, horovod; print(os.environ['PYTHONPATH']); print(horovod.__file__)"
-    proc = subprocess.run([sys.executable, "-m", "trainrun.mpi.ompi_rank", "2", JobInfo("j", "h", 1).to_arg(),
+    proc = subprocess.run([sys.executable, "-m", "trainrun.mpiworld.ompi_rank", "2", JobInfo("j", "h", 1).to_arg(),
                            sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [f"{SHIM_DIR}{os.pathsep}/user", os.path.join(SHIM_DIR, "horovod", "__init__.py")]

@@ -14,9 +14,9 @@ from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
 from trainrun.plan.spec import build_plan
-from trainrun.run.job import Job
-from trainrun.run.local import LocalRanks
-from trainrun.run.output import OutputSink
+from trainrun.supervisor.job import Job
+from trainrun.supervisor.local import LocalRanks
+from trainrun.supervisor.output import OutputSink
 
 
 def local_agent(host):
@@ -117,7 +117,7 @@ def test_the_agent_gives_up_on_a_silent_launcher(tmp_path):
 
 def test_the_agent_removes_its_hosts_shm_segments(tmp_path):
     """On a remote host only the agent can remove what a killed MPI job left in /dev/shm there."""
-    from trainrun.mpi import shm
+    from trainrun.mpiworld import shm
 
     kvsname = shm.kvsname_for(f"agenttest{os.getpid()}")
     segment = f"/dev/shm/mpich_shm_{shm.world_id(kvsname):x}_1"
@@ -206,7 +206,7 @@ def test_the_watchdog_ends_a_stopped_agent_and_its_ranks(tmp_path):
 
 
 def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
-    """`python -m trainrun.run.reaper JOB HOST PID:START` (what the launcher runs on a lost host): a stopped
+    """`python -m trainrun.supervisor.reaper JOB HOST PID:START` (what the launcher runs on a lost host): a stopped
     subreaper (the agent) with a child (a rank) that left an `env -i setsid` sleeper and a double-forked
     daemon with no environment: all of them end, and it exits 0. A PID:START of another process is refused."""
     import signal
@@ -215,7 +215,7 @@ def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
 
     from launch_helpers import procs_with, worker
 
-    from trainrun.run import reaper
+    from trainrun.supervisor import reaper
 
     token = f"swp{uuid.uuid4().hex[:8]}"
     code = ("import ctypes, os, subprocess, sys, time; ctypes.CDLL(None).prctl(36, 1, 0, 0, 0); "
@@ -229,10 +229,10 @@ def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
         assert len(procs_with(token)) == 4
         os.kill(owner.pid, signal.SIGSTOP)
         me = reaper.stat(owner.pid)
-        wrong = subprocess.run([sys.executable, "-m", "trainrun.run.reaper", "nojob", "far", f"{owner.pid}:{me.start + 1}"],
+        wrong = subprocess.run([sys.executable, "-m", "trainrun.supervisor.reaper", "nojob", "far", f"{owner.pid}:{me.start + 1}"],
                                capture_output=True, text=True, timeout=30)
         assert wrong.returncode == 0 and len(procs_with(token)) == 4  # not the process that started then: spared
-        r = subprocess.run([sys.executable, "-m", "trainrun.run.reaper", "nojob", "far", f"{owner.pid}:{me.start}"],
+        r = subprocess.run([sys.executable, "-m", "trainrun.supervisor.reaper", "nojob", "far", f"{owner.pid}:{me.start}"],
                            capture_output=True, text=True, timeout=30)
         assert (r.returncode, r.stdout.strip()) == (0, "clean")
         assert owner.wait(5) == -signal.SIGKILL

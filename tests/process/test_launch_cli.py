@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_version(run_trainrun):
-    from trainrun import __version__
+    from trainrun.version import __version__
 
     run = run_trainrun("--version")
     assert run.rc == 0

@@ -4,7 +4,7 @@ import sys
 import time
 
 import pytest
-from trainrun.run.watchdog import POLL_S
+from trainrun.supervisor.watchdog import POLL_S
 from launch_helpers import alive, all_pids, assert_all_gone, assert_none_with, procs_with, wait_for_pidfiles, worker
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.mpi.openmpi import mpirun_argv
+from trainrun.mpiworld.openmpi import mpirun_argv
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
@@ -24,14 +24,14 @@ def test_mpirun_argv_from_plan():
     assert "--allow-run-as-root" in argv and "--oversubscribe" in argv
     assert argv[argv.index("btl_tcp_if_include") + 1] == "eth1"
     assert "FOO=1" in argv and not any(a.startswith("RANK=") for a in argv)
-    assert argv[-8:-5] == [sys.executable, "-m", "trainrun.mpi.ompi_rank"] and argv[-5] == "2 1"
+    assert argv[-8:-5] == [sys.executable, "-m", "trainrun.mpiworld.ompi_rank"] and argv[-5] == "2 1"
     assert JobInfo.from_arg(argv[-4]) == JobInfo("j", "a", 1)
     assert argv[-3:] == ["python", "t.py", "x y"]
 
 
 def test_ompi_rank_shim_derives_the_same_contract_as_placement():
     """Every rank's env under Open MPI equals what trainrun's own placement gives it (one contract)."""
-    from trainrun.mpi.ompi_rank import assignment_from_ompi
+    from trainrun.mpiworld.ompi_rank import assignment_from_ompi
     from trainrun.plan.envcontract import rank_env
 
     job = JobInfo("j", "a", 1, nics=("eth1",))

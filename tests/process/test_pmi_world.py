@@ -1,4 +1,4 @@
-"""Real MPICH ranks (mpi4py) form one MPI_COMM_WORLD served by trainrun.mpi.pmi over PMI_FD socket pairs.
+"""Real MPICH ranks (mpi4py) form one MPI_COMM_WORLD served by trainrun.mpiworld.pmi over PMI_FD socket pairs.
 
 The select() driver here is a stand-in for the launcher's event loop (job.py): it only moves bytes
 between the rank sockets and `PmiServer`, and stops at an abort, when all sockets close, or at a deadline.
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from trainrun.mpi import pmi, pmienv, shm
+from trainrun.mpiworld import pmi, pmienv, shm
 
 pytest.importorskip("mpi4py")
 pytestmark = pytest.mark.timeout(120)

@@ -234,11 +234,12 @@ def test_horovod_run_through_the_shim_from_a_script(tmp_path):
     assert "VALUES [5, 6]" in r.stdout
 
 
-def test_trainrun_run_answers_after_the_launchers_run_package_is_imported():
-    """trainrun/run/ (the launcher's running-job modules) shares the name: importing any of them binds
-    `trainrun.run` to that package, which must still run the function."""
-    import trainrun.run.output  # noqa: F401
+def test_trainrun_run_is_the_function_after_the_launchers_modules_are_imported():
+    """`trainrun.run` is a function of the package, not a subpackage's name (the launcher's supervision
+    lives in trainrun/supervisor/): importing the launcher's modules must leave it a function that runs."""
+    import trainrun.supervisor.output  # noqa: F401
 
+    assert callable(trainrun.run) and not hasattr(trainrun.run, "__path__")
     assert trainrun.run(length, (b"abc",), np=1) == [3]
 
 

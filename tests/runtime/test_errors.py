@@ -92,11 +92,11 @@ def test_a_failure_inside_a_collective_ends_the_job(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text(
         "import numpy as np, trainrun.numpy as hvd\n"
-        "from trainrun.runtime import state\n"
+        "from trainrun.runtime import lifecycle\n"
         "hvd.init()\n"
         "def boom(*a, **k):\n"
         "    raise RuntimeError('planted failure in a collective')\n"
-        "state.engine()._coll.allreduce_one = state.engine()._coll.allreduce = boom\n"
+        "lifecycle.engine()._coll.allreduce_one = lifecycle.engine()._coll.allreduce = boom\n"
         "try:\n"
         "    hvd.allreduce(np.ones(4), name='x')\n"
         "except hvd.HorovodInternalError as e:\n"

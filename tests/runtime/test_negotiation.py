@@ -79,7 +79,7 @@ def test_join_counts_as_present_for_allreduce_and_reports_last():
 
 def test_a_rank_that_shut_down_fails_what_the_others_wait_for_at_once():
     """Rank 1 left (submitted shutdown, its program ended) while ranks 0 and 2 wait in 'x': 'x' fails
-    at once for them, naming rank 1 in the form the launcher reads (run/result.py named_rank)."""
+    at once for them, naming rank 1 in the form the launcher reads (supervisor/result.py named_rank)."""
     c = Coordinator(3, fusion_threshold=0, stall_timeout=60)
     c.submit(0, [meta("x")])
     c.submit(2, [meta("x")])

@@ -51,14 +51,14 @@ def test_one_rank_optimizer_reduces_only_in_an_elastic_job(tmp_path, elastic):
     script = tmp_path / "one.py"
     script.write_text(
         "import torch, trainrun.torch as hvd\n"
-        "from trainrun.runtime import state\n"
+        "from trainrun.runtime import lifecycle\n"
         "hvd.init()\n"
         "m = torch.nn.Linear(2, 1)\n"
         "opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())\n"
-        "before = state.engine().reductions\n"
+        "before = lifecycle.engine().reductions\n"
         "m(torch.ones(1, 2)).sum().backward()\n"
         "opt.step()\n"
-        "print('REDUCTIONS', state.engine().reductions - before)\n")
+        "print('REDUCTIONS', lifecycle.engine().reductions - before)\n")
     proc = run_ranks(script, 1, env={"TRAINRUN_ELASTIC": elastic}, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert ("REDUCTIONS 0" in proc.stdout) == (not elastic), proc.stdout

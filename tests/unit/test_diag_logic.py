@@ -5,7 +5,7 @@ import pytest
 from trainrun.diag.report import group_stacks, headline, render
 from trainrun.diag.stacks import Frame, RankStack, ThreadStack, parse_faulthandler, parse_py_spy
 from trainrun.fanout.clock import ClockOffset
-from trainrun.run.result import Failure, JobResult, named_rank, settle, tail_to_show
+from trainrun.supervisor.result import Failure, JobResult, named_rank, settle, tail_to_show
 
 
 def f(rank, at, code=1):

@@ -7,7 +7,7 @@ import pytest
 
 from trainrun.elastic import packing, shm_slot
 from trainrun.elastic.client import ControlClient
-from trainrun.run.control import ControlServer, SegmentStore
+from trainrun.supervisor.control import ControlServer, SegmentStore
 
 
 @pytest.fixture

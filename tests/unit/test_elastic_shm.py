@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from trainrun.elastic import packing, shm_slot
-from trainrun.run.control import SegmentStore
+from trainrun.supervisor.control import SegmentStore
 
 
 def roundtrip(obj):

@@ -4,8 +4,8 @@ import io
 import pytest
 
 from trainrun.rankset import describe_ranks, format_ranks, parse_ranks
-from trainrun.run.fold import Folded, Folder, visible
-from trainrun.run.output import OutputSink
+from trainrun.supervisor.fold import Folded, Folder, visible
+from trainrun.supervisor.output import OutputSink
 
 
 @pytest.mark.parametrize("ranks, text", [

@@ -10,7 +10,7 @@ from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
 from trainrun.plan.spec import build_plan
-from trainrun.run.local import host_env
+from trainrun.supervisor.local import host_env
 
 LAUNCHER = os.path.dirname(os.path.dirname(SHIM_DIR))  # launcher/, where setup.cfg finds packages
 

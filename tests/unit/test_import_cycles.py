@@ -114,7 +114,7 @@ def test_no_import_cycles_in_trainrun():
 
 def test_the_walk_sees_the_runtime_and_bindings_and_their_lazy_imports():
     graph = import_graph(PACKAGE)
-    for module in ("trainrun.runtime.engine", "trainrun.runtime.state", "trainrun.torch.mpi_ops",
+    for module in ("trainrun.runtime.engine", "trainrun.runtime.lifecycle", "trainrun.torch.mpi_ops",
                    "trainrun.keras.ops", "trainrun.numpy"):
         assert module in graph, module
     assert "trainrun.runtime.driver" in graph["trainrun.runtime.engine"]

@@ -1,6 +1,6 @@
 import io
 
-from trainrun.run.output import MAX_LINE, OutputSink
+from trainrun.supervisor.output import MAX_LINE, OutputSink
 
 
 def sink(**kw):

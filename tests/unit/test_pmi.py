@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from trainrun.mpi import pmi, pmienv, shm
+from trainrun.mpiworld import pmi, pmienv, shm
 
 KVS = "trainrun_job1_abc"
 

@@ -1,6 +1,6 @@
-"""run/ps_policy.py: which exits of a parameter-server job end it, fail it, or restart a worker."""
+"""supervisor/ps_policy.py: which exits of a parameter-server job end it, fail it, or restart a worker."""
 from trainrun.plan.roles import Task
-from trainrun.run.ps_policy import PsPolicy
+from trainrun.supervisor.ps_policy import PsPolicy
 
 TASKS = (Task("chief", 0), Task("worker", 0), Task("worker", 1), Task("ps", 0), Task("evaluator", 0))
 

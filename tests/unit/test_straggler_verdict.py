@@ -1,8 +1,8 @@
-"""run/straggler.py: the verdict logic on window summaries (pure; the real launches are in
+"""supervisor/straggler.py: the verdict logic on window summaries (pure; the real launches are in
 tests/process/test_straggler.py and tests/cluster/test_straggler_remote.py)."""
 import random
 
-from trainrun.run import straggler as st
+from trainrun.supervisor import straggler as st
 
 HOSTS2x2 = {0: "h1", 1: "h1", 2: "h2", 3: "h2"}
 HOSTS4 = {r: f"h{r // 2 + 1}" for r in range(8)}  # 4 hosts x 2 ranks

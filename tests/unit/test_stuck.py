@@ -9,7 +9,7 @@ import pytest
 from trainrun.diag.rankhook import SLOWEST_TRANSFER_BPS, STUCK_OTHER_FACTOR, StuckWatch
 from trainrun.diag.report import render
 from trainrun.diag.stacks import RankStack, Target, find_py_spy, proc_state, take_stacks
-from trainrun.run.stall import Stuck, describe
+from trainrun.supervisor.stall import Stuck, describe
 
 
 class FakeEngine:

@@ -3,8 +3,8 @@
 This directory holds a package named `horovod` (./horovod/) whose modules re-export trainrun's
 (`hvd.allreduce is trainrun.torch.allreduce`). Nothing imports it by that name unless this directory is on
 `sys.path`, and only the host that starts a rank puts it there: `rank_env` prepends it to the rank's
-PYTHONPATH (run/local.py for every rank trainrun starts itself, over SSH, Slurm and elastic jobs alike;
-mpi/ompi_rank.py under `--mpi openmpi`). The path is this file's own directory on that host, so a remote
+PYTHONPATH (supervisor/local.py for every rank trainrun starts itself, over SSH, Slurm and elastic jobs alike;
+mpiworld/ompi_rank.py under `--mpi openmpi`). The path is this file's own directory on that host, so a remote
 rank gets its own host's trainrun install. A plain `python -c 'import horovod'` is untouched.
 
 Which `horovod` a rank gets (TRAINRUN_HOROVOD, set by `trainrun --horovod`, or in the launcher's environment):

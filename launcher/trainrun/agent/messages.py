@@ -68,7 +68,7 @@ class Beat:
 @dataclass(frozen=True)
 class ExitReport:
     """`at`: time.time() on the agent's host when the rank was reaped (None from an agent of an older
-    trainrun, whose EXIT payload is the bare return code); `oom`: run/oom.py's verdict."""
+    trainrun, whose EXIT payload is the bare return code); `oom`: supervisor/oom.py's verdict."""
 
     returncode: int
     at: float | None

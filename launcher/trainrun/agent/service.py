@@ -9,14 +9,14 @@ launcher can put the exit times on its own clock.
 Cleanup contract: when stdin reaches EOF (the launcher closed the channel, died, or the connection
 dropped), SIGTERM arrives, or the launcher has been silent for the JOB's `patience` (its heartbeat timeout:
 a cut network sends no EOF), the agent SIGKILLs every process group of its ranks, the trees below them and
-every process of the job on its host that left them (it is a child subreaper: run/reaper.py), and exits. A
+every process of the job on its host that left them (it is a child subreaper: supervisor/reaper.py), and exits. A
 write to the launcher that blocks (a full channel) is given up on by the same silence rule. If the agent
 itself is killed, its Watchdog does the same; if it is stopped (SIGSTOP) for `patience` seconds, the
 Watchdog kills it and its ranks. HELLO carries the agent's pid and start time, so that the launcher can
-kill this agent's tree over a fresh connection when it stops answering (run/reaper.py's main).
+kill this agent's tree over a fresh connection when it stops answering (supervisor/reaper.py's main).
 When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
 cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
-restart) or EOF, keeping its host's committed-state segment (run/control.py) across attempts; it removes the
+restart) or EOF, keeping its host's committed-state segment (supervisor/control.py) across attempts; it removes the
 segment when it exits, and its Watchdog does if it is killed.
 """
 from __future__ import annotations
@@ -34,9 +34,9 @@ from trainrun.agent import wire
 from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import TrainrunError
 from trainrun.facts.collect import launch_facts
-from trainrun.run.groups import ExitInfo
-from trainrun.run.local import LocalRanks
-from trainrun.run.watchdog import Watchdog
+from trainrun.supervisor.groups import ExitInfo
+from trainrun.supervisor.local import LocalRanks
+from trainrun.supervisor.watchdog import Watchdog
 
 
 class LauncherGone(Exception):
@@ -139,7 +139,7 @@ class Agent:
         self.elastic = job.elastic
         self.restartable = job.restartable
         if job.elastic and self.control is None:
-            from trainrun.run.control import ControlServer, SegmentStore
+            from trainrun.supervisor.control import ControlServer, SegmentStore
 
             self.control = ControlServer(SegmentStore())
             watchdog.unlink_on_death(self.control.store.prefix)  # the state segments, if this agent is killed
@@ -168,7 +168,7 @@ class Agent:
         self.ranks.close(self.sel)
         self.ranks = None
         if self.kvsname:
-            from trainrun.mpi.shm import remove_shm_segments
+            from trainrun.mpiworld.shm import remove_shm_segments
 
             remove_shm_segments(self.kvsname)
         self.send(wire.frame(wire.DONE))
@@ -178,7 +178,7 @@ class Agent:
         # SIGTERM (scancel of a Slurm step or allocation, a host shutting down): kill the ranks, then exit
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "done", True))
         watchdog = Watchdog()
-        from trainrun.run.reaper import stat
+        from trainrun.supervisor.reaper import stat
 
         me = stat(os.getpid())
         hello = {**launch_facts(with_nics=True).to_json(), "agent": f"{me.pid}:{me.start}" if me else None}
@@ -215,7 +215,7 @@ class Agent:
             if self.control is not None:
                 self.control.store.remove()
             if self.kvsname:
-                from trainrun.mpi.shm import remove_shm_segments
+                from trainrun.mpiworld.shm import remove_shm_segments
 
                 remove_shm_segments(self.kvsname)
         return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from trainrun import __version__
+from trainrun.version import __version__
 from trainrun.facts.model import NO_FACTS, HostFacts
 from trainrun.table import render_table
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from trainrun import __version__
+from trainrun.version import __version__
 from trainrun.errors import TrainrunError
 
 EXAMPLES = """\b
@@ -175,7 +175,7 @@ def cli(command, json_, **options):
     try:
         return launch(LaunchConfig(command=tuple(command), json=json_, **options))
     except BrokenPipeError:  # a table, report or summary written after the reader left (`| head`): as SIGPIPE
-        from trainrun.run.output import SIGPIPE_EXIT, reader_gone
+        from trainrun.supervisor.output import SIGPIPE_EXIT, reader_gone
 
         if not (reader_gone(1) or reader_gone(2)):
             raise
@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     except TrainrunError as err:
         print(f"trainrun: error: {err}", file=sys.stderr)
         code = err.exit_code
-    if code == 141:  # SIGPIPE_EXIT (run/output.py): no BrokenPipeError from the interpreter's last flush
-        from trainrun.run.output import silence_closed_outputs
+    if code == 141:  # SIGPIPE_EXIT (supervisor/output.py): no BrokenPipeError from the interpreter's last flush
+        from trainrun.supervisor.output import silence_closed_outputs
 
         silence_closed_outputs()
     sys.exit(code or 0)

@@ -136,16 +136,16 @@ class LaunchConfig:
     @property
     def elastic(self) -> bool:
         """Any elastic option given (--max-restarts, --min-np, --max-np, --host-discovery-script). With
-        --tf-cluster, --max-restarts is the worker restart limit instead (run/ps_policy.py)."""
+        --tf-cluster, --max-restarts is the worker restart limit instead (supervisor/ps_policy.py)."""
         return ((self.max_restarts is not None and self.tf_cluster is None) or self.min_np is not None
                 or self.max_np is not None or self.host_discovery_script is not None)
 
     def elastic_settings(self):
-        """The elastic options as one ElasticSettings (run/elastic_policy.py). --max-restarts defaults to 0,
+        """The elastic options as one ElasticSettings (supervisor/restart_policy.py). --max-restarts defaults to 0,
         or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script)."""
         if not self.elastic:
             return NOT_ELASTIC  # the usual launch: no policy module (and its dataclasses) on the start-up path
-        from trainrun.run.elastic_policy import ElasticSettings
+        from trainrun.supervisor.restart_policy import ElasticSettings
 
         sizing = self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
         restarts = self.max_restarts if self.max_restarts is not None else (None if sizing else 0)
@@ -159,7 +159,7 @@ class LaunchConfig:
         any, this machine with -np slots (UsageError without -np: fanout/select.py first looks for a Slurm
         allocation to take the hosts from). Less those --exclude names: every planning path starts here."""
         if self.host_discovery_script:
-            from trainrun.run.discovery import run_script
+            from trainrun.supervisor.discovery import run_script
 
             specs = run_script(self.host_discovery_script)
         elif self.hosts:
@@ -191,7 +191,7 @@ class LaunchConfig:
             out[name] = value
         from trainrun._horovod import VARIABLE, choice
 
-        try:  # every rank's env says which `horovod` it imports (--dry-run shows it; run/local.py acts on it)
+        try:  # every rank's env says which `horovod` it imports (--dry-run shows it; supervisor/local.py acts on it)
             out[VARIABLE] = choice({**environ, **out}, self.horovod)
         except ValueError as e:
             raise UsageError(str(e)) from None

@@ -1,4 +1,4 @@
-"""Window summaries of a rank's collectives for straggler detection (run/straggler.py), sent on the
+"""Window summaries of a rank's collectives for straggler detection (supervisor/straggler.py), sent on the
 diag pipe by the diag thread (rankhook.py) once per WINDOW_S:
 
     perf WALL_MS WAIT_MS COLLECTIVES LAST STEPS BEFORE_MS
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-WINDOW_S = 4.0  # short enough that a straggler is named within HORIZON_S (run/straggler.py) of slowing
+WINDOW_S = 4.0  # short enough that a straggler is named within HORIZON_S (supervisor/straggler.py) of slowing
 
 
 @dataclass(frozen=True)

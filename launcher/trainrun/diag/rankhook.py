@@ -1,4 +1,4 @@
-"""The rank's side of in-flight diagnosis, installed by the runtime's init() (one call in runtime/state.py).
+"""The rank's side of in-flight diagnosis, installed by the runtime's init() (one call in runtime/lifecycle.py).
 
 It talks to the process that started the rank (the launcher for its own host, the agent elsewhere) over
 the rank's *diag pipe*: the write end of a pipe that process passed down, named by TRAINRUN_DIAG_FD as
@@ -13,7 +13,7 @@ is dropped (diagnosis must never block training):
                                every PROGRESS_EVERY_S): what --hang-timeout counts besides output
     stall                      the runtime raised a StallError here: the launcher takes every rank's stack
     perf WALL WAIT COLL LAST STEPS   every diag/perf.WINDOW_S: the window's collectives, for straggler
-                               detection (run/straggler.py); diag/perf.py says what each field is
+                               detection (supervisor/straggler.py); diag/perf.py says what each field is
     stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
                                round completed meanwhile: some peer's engine takes no part at all (it is
                                stopped, exited, in MPI_Finalize, or hung outside trainrun), a wait that

@@ -5,7 +5,7 @@ import os
 import socket
 import sys
 
-from trainrun import __version__
+from trainrun.version import __version__
 from trainrun.facts.model import HostFacts
 
 

@@ -1,14 +1,14 @@
 """The launcher's side of a host agent: AgentRanks drives one host's ranks through one AgentLink
 (whatever fan-out engine opened it), and `open_agents` starts one agent per host through an engine.
 
-AgentRanks is a RankGroup (run/groups.py), so the Job treats a remote host exactly like its own.
+AgentRanks is a RankGroup (supervisor/groups.py), so the Job treats a remote host exactly like its own.
 States: opened (HELLO read: host facts known) -> assigned (its specs) -> started (JOB sent) -> done
 (every rank reported, or the channel ended, or the agent was silent for `heartbeat_timeout` s, or the
 launcher gave up on it after SIGKILL: every unreported rank is then reported lost).
 
 A lost host is cleaned up over a fresh connection when the engine can open one (`sweeper`: the engine's
 `sweep`, run in a thread): the agent's whole tree (its pid and start time came in HELLO) and every process
-of the job there (run/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
+of the job there (supervisor/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
 unreachable, with the ranks that may still run and within how many seconds the agent there ends them
 (the agent's own patience: it kills its ranks after `heartbeat_timeout` + 2 s without word from us).
 
@@ -34,7 +34,7 @@ from trainrun.fanout.base import AgentLink, FanoutEngine
 from trainrun.fanout.clock import ClockOffset
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run.groups import ExitInfo, RankEvents
+from trainrun.supervisor.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
 AGENT_PATIENCE = 1  # x heartbeat_timeout, + one beat: how long an agent waits for a silent launcher
@@ -84,7 +84,7 @@ class AgentRanks:
         self._pending = {s.rank for s in specs}
         kvsname = None
         if pmi and specs:
-            from trainrun.mpi.shm import kvsname_for
+            from trainrun.mpiworld.shm import kvsname_for
 
             kvsname = kvsname_for(specs[0].env["TRAINRUN_JOB_ID"])  # its shm segments to remove
         procs = tuple(replace(s, env={**env, **s.env}) for s in specs)

@@ -1,4 +1,4 @@
-"""Agents that outlive an attempt of an elastic job (run/elastic.py): ElasticAgentRanks and AgentPool.
+"""Agents that outlive an attempt of an elastic job (supervisor/restarts.py): ElasticAgentRanks and AgentPool.
 
 ElasticAgentRanks is an AgentRanks whose JOB says `elastic`: at the end of an attempt it does not close the
 channel (which would end the agent) but waits for the agent's DONE (its ranks reaped, /dev/shm removed),

@@ -118,8 +118,8 @@ class PipeEngine:
         return PipeModuleChannel([python or sys.executable, "-m", module, *args])
 
     def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None) -> str | None:
-        """Clean up a lost "host" as SSHEngine.sweep does, with a new local process (run/reaper.py)."""
-        p = subprocess.run([sys.executable, "-m", "trainrun.run.reaper", job_id, mark_host, *([agent] if agent else [])],
+        """Clean up a lost "host" as SSHEngine.sweep does, with a new local process (supervisor/reaper.py)."""
+        p = subprocess.run([sys.executable, "-m", "trainrun.supervisor.reaper", job_id, mark_host, *([agent] if agent else [])],
                            capture_output=True, text=True, timeout=30)
         return None if p.returncode == 0 else f"processes left after the cleanup: {p.stdout.strip() or p.stderr.strip()}"
 

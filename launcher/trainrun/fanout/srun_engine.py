@@ -13,7 +13,7 @@ host has none.
 Teardown: the agent's stdin EOF (the launcher closed it, or died) makes it kill its ranks and exit, which
 ends its step. A step that does not end is cancelled with `scancel JOB.STEP` (found by the step's unique
 name): a SIGKILL to srun's process group would leave the tasks running. A lost host (its agent silent) is
-cleaned up by `sweep`: a new step on that host runs the reaper (run/reaper.py), as SSH's sweep does over a
+cleaned up by `sweep`: a new step on that host runs the reaper (supervisor/reaper.py), as SSH's sweep does over a
 new connection; slurmd, not the stopped agent, starts it.
 """
 from __future__ import annotations
@@ -128,10 +128,10 @@ class SrunEngine:
     def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None, timeout: float = 15.0) -> str | None:
         """In a new step on `host` (slurmd starts it: the stopped or cut-off agent plays no part), kill the tree
         of agent `agent` ("PID:START") and every process of job `job_id` marked for `mark_host`
-        (run/reaper.py). None when nothing is left, else why not."""
+        (supervisor/reaper.py). None when nothing is left, else why not."""
         name = f"trainrun-reaper-{self._nonce}-{host}"
         argv = srun_argv(self.alloc.job_id, host, name, python_module_argv(
-            self.python, "trainrun.run.reaper", job_id, mark_host, *([agent] if agent else []), strict=self.strict_python))
+            self.python, "trainrun.supervisor.reaper", job_id, mark_host, *([agent] if agent else []), strict=self.strict_python))
         try:
             # in the launcher's session: a child in another one, started after the ranks, is one of their
             # adopted orphans to LocalRanks' teardown, which would SIGKILL it while it cleans up

@@ -146,7 +146,7 @@ class SSHEngine:
     def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None,
               connect_timeout: float = 5.0, timeout: float = 15.0) -> str | None:
         """Over a fresh SSH connection to `host`, kill the tree of agent `agent` ("PID:START") and every
-        process of job `job_id` marked for `mark_host` (run/reaper.py). None when nothing is left, else why not."""
+        process of job `job_id` marked for `mark_host` (supervisor/reaper.py). None when nothing is left, else why not."""
         from dataclasses import replace
 
         opts = replace(self.opts, connect_timeout=min(self.opts.connect_timeout, connect_timeout))
@@ -159,7 +159,7 @@ class SSHEngine:
         try:
             ch = client.get_transport().open_session(timeout=timeout)
             ch.settimeout(timeout)
-            ch.exec_command(python_module_command(self.python, "trainrun.run.reaper", job_id, mark_host,
+            ch.exec_command(python_module_command(self.python, "trainrun.supervisor.reaper", job_id, mark_host,
                                                   *([agent] if agent else [])))
             if not ch.status_event.wait(timeout):
                 return f"the cleanup did not answer in {timeout:g}s"

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         print(build_parser().format_help())
         sys.exit(0)
     if t.action in ("version", "check-build"):
-        from trainrun import __version__
+        from trainrun.version import __version__
 
         if t.action == "version":
             print(f"{HOROVOD_API_VERSION} (trainrun {__version__})")

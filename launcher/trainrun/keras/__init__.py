@@ -4,7 +4,7 @@ Keras 3 on whichever backend it runs: torch or tensorflow (JAX is not supported:
 steps would need the collectives as jax callbacks). The backend is Keras's own choice when Keras is
 already imported or KERAS_BACKEND is set; otherwise this module sets KERAS_BACKEND to tensorflow if
 TensorFlow is already imported, else to torch (trainrun's default since before TensorFlow support).
-The collectives on Keras values are the backend's (trainrun._keras.torch_ops / tf_ops);
+The collectives on Keras values are the backend's (trainrun.keras_common.torch_ops / tf_ops);
 `DistributedOptimizer` averages gradients before Keras applies them, `callbacks` has Horovod's
 broadcast, metric-average and warm-up callbacks, `load_model` restores a model with its optimizer
 distributed again. For tf.keras (Keras 3 or tf-keras) use trainrun.tensorflow.keras.
@@ -32,7 +32,7 @@ from trainrun.runtime import allgather_object, barrier, broadcast_object, join  
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
+from trainrun.runtime.lifecycle import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
                                     gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                                     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_sets, rank,
                                     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)

@@ -1,7 +1,7 @@
 """Horovod's Keras callbacks (horovod.keras.callbacks) for Keras 3 on its torch or tensorflow backend."""
 import keras
 
-from trainrun._keras.callbacks import make
+from trainrun.keras_common.callbacks import make
 from trainrun.keras.ops import binding
 
 _classes = make(keras, binding)

@@ -1,10 +1,10 @@
 """DistributedOptimizer and load_model of horovod.keras for Keras 3 (torch or tensorflow backend);
-the machinery is trainrun._keras.optimizer's."""
+the machinery is trainrun.keras_common.optimizer's."""
 from __future__ import annotations
 
 import keras
 
-from trainrun._keras import optimizer as _impl
+from trainrun.keras_common import optimizer as _impl
 from trainrun.keras.ops import binding
 from trainrun.runtime.ops import Average
 
@@ -14,7 +14,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
                          groups=None, process_set=None):
     """A copy of `optimizer` (a keras.optimizers.Optimizer) whose updates use gradients reduced over
-    all ranks (see trainrun._keras.optimizer). `device_*` are accepted and ignored; `num_groups`/`groups`
+    all ranks (see trainrun.keras_common.optimizer). `device_*` are accepted and ignored; `num_groups`/`groups`
     are accepted: all gradients always travel as one group."""
     return _impl.create_distributed_optimizer(keras, binding, optimizer, name, compression or binding.Compression.none,
                                               sparse_as_dense, gradient_predivide_factor, op,

@@ -3,7 +3,7 @@
 `rank_env` is everything trainrun adds to a rank's environment (a plan holds it as a RankEnvMap: the job's
 shared JobEnv plus the rank's numbers, built when read, so planning stays linear in the ranks);
 `read_rank_env` is what the runtime (`trainrun.torch` etc.) reads back. Host-side facts (OMP_NUM_THREADS from the host's cores, PMI_FD)
-are added where the process starts (run/local.py), since only that host knows them.
+are added where the process starts (supervisor/local.py), since only that host knows them.
 """
 from __future__ import annotations
 

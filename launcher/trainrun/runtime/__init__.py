@@ -9,7 +9,7 @@ Modules, from the surface down:
   agreement loop: rounds, phases, running responses), lone (the lone-op path of a blocking op),
   completion (finishing handles), timing (the polling policy).
 - rounds (a round's wire format), cache (the response cache), negotiation (rank 0's coordinator),
-  messages (the NamedTuples ranks exchange: Meta, Response, JoinedInfo, Failure).
+  messages (the NamedTuples ranks exchange: Meta, Response, JoinedInfo, OpFailure).
 - ops (op constants, Request, Handle, shared rules), fusion (wire dtypes, the fusion rule, buffers),
   collectives (NumPy work around the backend), adasum (op=Adasum's combination), backends/ (mpi,
   nccl), timeline (Chrome trace), exceptions.
@@ -24,7 +24,7 @@ from trainrun.runtime.api import (allgather, allgather_async, allgather_object, 
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum
 from trainrun.runtime.process_sets import ProcessSet, global_process_set
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
+from trainrun.runtime.lifecycle import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
                                     gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
                                     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                     poll, process_sets, rank, remove_process_set, rocm_built, shutdown, size,

@@ -2,7 +2,7 @@
 
 Same names and semantics as horovod.torch, with NumPy arrays in place of tensors: `*_async` return
 int handles for `poll`/`synchronize`; trailing-underscore variants work in place; ops are Average
-(default), Sum, Min, Max, Product; `process_set=` picks the set's engine (state.engine). Inputs need
+(default), Sum, Min, Max, Product; `process_set=` picks the set's engine (lifecycle.engine). Inputs need
 not be contiguous (a contiguous copy is made then).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 
 from trainrun.runtime import adasum
 from trainrun.runtime import requests as rq
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.context import RUNTIME
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, split_rows
@@ -23,12 +23,12 @@ _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("si
 
 
 def submit(op, eng) -> int:
-    """Start `op` = (Requests, finalize) on engine `eng` (state.engine(process_set)) and return its
+    """Start `op` = (Requests, finalize) on engine `eng` (lifecycle.engine(process_set)) and return its
     handle; `finalize(results)` makes what synchronize returns. An unnamed op holds its name's slot
     until it is synchronized (context.Session.next_name)."""
     reqs, finalize = op
     eng.submit(reqs)
-    return state.add_handle([r.handle for r in reqs], finalize, eng, hold(reqs))
+    return lifecycle.add_handle([r.handle for r in reqs], finalize, eng, hold(reqs))
 
 
 def hold(reqs):
@@ -100,7 +100,7 @@ def _allreduce(eng, tensor, name=None, op=Average, prescale_factor=1.0, postscal
 def allreduce(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
               process_set=None) -> np.ndarray:
     """op over ranks of (tensor * prescale_factor), times postscale_factor; a new array."""
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     if tensor.__class__ is np.ndarray and tensor.flags.c_contiguous and op != Adasum:  # the usual case
         out = np.empty_like(tensor)
         allreduce_into(eng, tensor.reshape(-1), out.reshape(-1), tensor.shape, dtype_name(tensor.dtype), name, op,
@@ -140,7 +140,7 @@ def _allreduce_(eng, tensor, name=None, op=Average, prescale_factor=1.0, postsca
 def allreduce_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                process_set=None) -> np.ndarray:
     """allreduce into `tensor` itself (returned)."""
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case, in few steps (allreduce_into)
@@ -183,7 +183,7 @@ def _grouped_allreduce(eng, tensors, name=None, op=Average, prescale_factor=1.0,
 
 def grouped_allreduce(tensors, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                       process_set=None) -> list:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor), eng)
 
 
@@ -195,7 +195,7 @@ def _allgather(eng, tensor, name=None):
 
 
 def allgather(tensor, name=None, process_set=None) -> np.ndarray:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_allgather(eng, tensor, name), eng)
 
 
@@ -211,7 +211,7 @@ def _broadcast(eng, tensor, root_rank, name=None):
 
 def broadcast(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
     """root_rank's tensor, as a new array on every rank (shapes and dtypes must match)."""
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_broadcast(eng, tensor, root_rank, name), eng)
 
 
@@ -225,7 +225,7 @@ def _broadcast_(eng, tensor, root_rank, name=None):
 
 
 def broadcast_(tensor, root_rank, name=None, process_set=None) -> np.ndarray:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_broadcast_(eng, tensor, root_rank, name), eng)
 
 
@@ -239,7 +239,7 @@ def _alltoall(eng, tensor, splits=None, name=None):
 
 
 def alltoall(tensor, splits=None, name=None, process_set=None):
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_alltoall(eng, tensor, splits, name), eng)
 
 
@@ -256,24 +256,24 @@ def _reducescatter(eng, tensor, name=None, op=Average, prescale_factor=1.0, post
 
 def reducescatter(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   process_set=None) -> np.ndarray:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return run(_reducescatter(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 
 def barrier(process_set=None) -> None:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     run(([rq.barrier(rq.auto_name("barrier", None, eng.set_id))], lambda _: None), eng)
 
 
 def join() -> int:
     """Block until every rank has joined, contributing zeros to other ranks' allreduces meanwhile.
     Returns the rank that joined last. (Global process set only.)"""
-    return run(([rq.join()], lambda res: res[0]), state.engine())
+    return run(([rq.join()], lambda res: res[0]), lifecycle.engine())
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=None):
     """`obj` from root_rank on every rank (pickled)."""
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     name = rq.auto_name("broadcast", name, eng.set_id)
     root = eng.rank == root_in(eng, root_rank)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if root else np.empty(0, np.uint8)
@@ -286,7 +286,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=None):
 
 def allgather_object(obj, name=None, process_set=None) -> list:
     """List of every rank's `obj` (pickled), in rank order (of the process set)."""
-    name = rq.auto_name("allgather", name, state.engine(process_set).set_id)
+    name = rq.auto_name("allgather", name, lifecycle.engine(process_set).set_id)
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([data.size], dtype=np.int64), f"{name}.size", process_set)
     blob = allgather(data, f"{name}.data", process_set).tobytes()
@@ -296,7 +296,7 @@ def allgather_object(obj, name=None, process_set=None) -> list:
 
 def _make_async(builder, doc_of):
     def start(*args, process_set=None, **kwargs) -> int:
-        eng = state.engine(process_set)
+        eng = lifecycle.engine(process_set)
         return submit(builder(eng, *args, **kwargs), eng)
     start.__doc__ = f"Start {doc_of.__name__} and return a handle for poll/synchronize."
     return start
@@ -308,7 +308,7 @@ allreduce_async = _make_async(_allreduce, allreduce)
 def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                      process_set=None) -> int:
     """Start allreduce_ and return a handle for poll/synchronize."""
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     if tensor.__class__ is np.ndarray and op != Adasum:
         flags = tensor.flags
         if flags.c_contiguous and flags.writeable:  # the usual case (one call per gradient), in few steps
@@ -318,7 +318,7 @@ def allreduce_async_(tensor, name=None, op=Average, prescale_factor=1.0, postsca
                                name if named else rq.auto_name("allreduce", name, eng.set_id),
                                op, prescale_factor, postscale_factor)
             eng.submit([req])
-            return state.add_handle([req.handle], lambda _: tensor, eng, None if named else hold([req]))
+            return lifecycle.add_handle([req.handle], lambda _: tensor, eng, None if named else hold([req]))
     return submit(_allreduce_(eng, tensor, name, op, prescale_factor, postscale_factor), eng)
 
 

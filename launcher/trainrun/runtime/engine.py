@@ -37,7 +37,7 @@ checked in full, so mismatches and stalls are reported as on first use.
   cores), then sleeps with growing delays, letting other threads drive in between; the background
   thread yields the CPU for BACKGROUND_SPIN_S by the same rule, then sleeps.
 
-Failure: a mismatch or stall response fails the named handles on every rank that submitted them; an
+OpFailure: a mismatch or stall response fails the named handles on every rank that submitted them; an
 exception inside the engine fails every outstanding handle and closes the engine. `shutdown()` is
 collective (it waits, taking part in rounds, for every rank's shutdown, with no stall timeout: ranks
 finish at different times), fails whatever is left, writes the timeline and frees the communicators;

@@ -10,7 +10,7 @@ as plain tuples, so they cost what tuples cost on the wire and as dict keys).
   rank without the tensors can contribute zeros of the right size.
 - `Absent`: an allgather's or broadcast's shape and dtype, sent while some rank that has joined did
   not submit it, so that rank can take part (contributing no rows, or receiving into scratch).
-- `Failure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort").
+- `OpFailure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort").
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class Absent(NamedTuple):
     root: int          # broadcast: its root; allgather: -1
 
 
-class Failure(NamedTuple):
+class OpFailure(NamedTuple):
     kind: str          # "mismatch", "stall" or "abort"
     message: str
 
@@ -63,4 +63,4 @@ class Response(NamedTuple):
     kind: str          # an op kind, "error" or "abort"
     names: list
     info: object       # per kind: see negotiation.py
-    error: Failure | None
+    error: OpFailure | None

@@ -15,9 +15,9 @@ response is a messages.Response `(kind, names, info, error)`:
     ("alltoall",  [name], splits_per_rank, None)
     ("broadcast"|"reducescatter"|"barrier"|"shutdown", [name], None, None)
     ("join", ["__join__"], last_rank_to_join, None)
-    ("abort", [], None, Failure("abort", message)) a rank stopped for good (see Engine.abort): every
+    ("abort", [], None, OpFailure("abort", message)) a rank stopped for good (see Engine.abort): every
                                                    rank fails all it has outstanding and closes
-    ("error", [names...], submitters, Failure("mismatch"|"stall"|"left", message))
+    ("error", [names...], submitters, OpFailure("mismatch"|"stall"|"left", message))
                                                    submitters[i]: the ranks that had submitted names[i];
                                                    only their requests fail (a later submission of the
                                                    same name by another rank is a new operation)
@@ -30,7 +30,7 @@ Names that some but not all ranks submitted for longer than `stall_timeout` seco
 A rank that submitted `shutdown` has *left* (its program ended, or called shutdown()): it will submit
 nothing else, so every other name it lacks fails at once on the ranks that wait for it ("left": the
 message is "trainrun: rank N stopped: it left (...) while rank M waited in allreduce 'x'", the form the
-launcher reads to name the cause, run/result.py), as Horovod fails ops issued after a rank finished.
+launcher reads to name the cause, supervisor/result.py), as Horovod fails ops issued after a rank finished.
 Shutdown itself never stalls: a rank that finished waits there, taking part in rounds, for as long
 as the others still work (ranks finish at different times), so their later collectives fail at once.
 """
@@ -40,7 +40,7 @@ import time
 
 from trainrun.rankset import describe_ranks
 from trainrun.runtime.fusion import Batch, Fuser, fusion_of
-from trainrun.runtime.messages import Absent, Failure, JoinedInfo, Meta, Response
+from trainrun.runtime.messages import Absent, OpFailure, JoinedInfo, Meta, Response
 from trainrun.runtime.ops import OP_NAMES
 
 JOIN_NAME, SHUTDOWN_NAME = "__join__", "__shutdown__"
@@ -138,7 +138,7 @@ class Coordinator:
             self._first.clear()
             self._ready.clear()
             self._joined.clear()
-            return [Response("abort", [], None, Failure("abort", self._aborted))]
+            return [Response("abort", [], None, OpFailure("abort", self._aborted))]
         if len(self._ready) == 1 and not self._joined:  # one lone op, the common case: short path
             name = self._ready[0]
             entry = self._table[name]
@@ -168,7 +168,7 @@ class Coordinator:
                 error = (f"Tensor '{name}' is a broadcast from root_rank {any_meta.root}, which already called "
                          "join(): a rank that has joined cannot be a broadcast root")
             if error:
-                out.append(Response("error", [name], [set(entry)], Failure("mismatch", error)))
+                out.append(Response("error", [name], [set(entry)], OpFailure("mismatch", error)))
             elif kind == "allreduce":
                 closed = fuser.add(any_meta, *fusion_of(any_meta))
                 if closed is not None:
@@ -225,7 +225,7 @@ class Coordinator:
             if len(names) > 10:
                 ops += f" and {len(names) - 10} more"
             also = f" ({describe_ranks(missing[1:])} left too)" if len(missing) > 1 else ""
-            out.append(Response("error", names, [set(e) for e in entries], Failure("left", (
+            out.append(Response("error", names, [set(e) for e in entries], OpFailure("left", (
                 f"trainrun: rank {missing[0]} stopped: it left (its program ended or called hvd.shutdown) "
                 f"while {describe_ranks(waiting)} waited in {ops}{also}; collectives cannot complete without it"))))
         return out
@@ -249,7 +249,7 @@ class Coordinator:
             shown = ", ".join(f"'{n}'" for n in names[:10])
             if len(names) > 10:
                 shown += f" and {len(names) - 10} more"
-            out.append(Response("error", names, submitters, Failure("stall", (
+            out.append(Response("error", names, submitters, OpFailure("stall", (
                 f"Stalled for more than {self.stall_timeout:g} s: {_ranks(missing)} did not submit {shown}, "
                 f"which the other ranks are waiting on (a rank stopped participating, or ranks issue "
                 f"different collectives; TRAINRUN_STALL_TIMEOUT sets the limit)"))))

@@ -8,7 +8,7 @@ TensorFlow-specific. Keras: trainrun.tensorflow.keras.
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.process_sets import ProcessSet, global_process_set
 from trainrun.runtime.ops import handle_average_backwards_compatibility
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
+from trainrun.runtime.lifecycle import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,
                                     gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
                                     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                     poll, process_sets, rank, remove_process_set, rocm_built, shutdown, size,

@@ -52,7 +52,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.tensorflow import failures, native
 
 _OK, _NO_MESSAGE = np.int32(failures.OK), np.bytes_(b"")
@@ -132,7 +132,7 @@ class _Waiter:
                 continue
             for tid, handle in ready:
                 try:
-                    outcome = (True, state.synchronize(handle))
+                    outcome = (True, lifecycle.synchronize(handle))
                 except BaseException as e:  # noqa: BLE001 (handed to the finish node)
                     outcome = (False, e)
                 with self._cv:
@@ -142,7 +142,7 @@ class _Waiter:
 
 def _polled(handle) -> bool:
     try:
-        return state.poll(handle)
+        return lifecycle.poll(handle)
     except ValueError:  # forgotten (a reset runtime): synchronize reports it
         return True
 

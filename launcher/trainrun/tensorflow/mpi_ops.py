@@ -29,7 +29,7 @@ import trainrun.runtime as rt
 from trainrun.runtime import api
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import handle_average_backwards_compatibility
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.tensorflow import buffers, failures, graph_ops
@@ -91,7 +91,7 @@ def _started(async_fn, fn, blocking, *args, process_set=None, **kw):
     `process_set`, or with `blocking` the result of its blocking twin `fn`."""
     if blocking:
         return fn(*args, process_set=process_set, **kw)
-    return async_fn(*args, process_set=process_set, **kw), state.engine(process_set)
+    return async_fn(*args, process_set=process_set, **kw), lifecycle.engine(process_set)
 
 
 def _same(result):
@@ -102,7 +102,7 @@ def _set_rank(process_set) -> tuple[int, int]:
     """(this rank's index in the set, the set's size)."""
     ps = process_set if process_set is not None else global_process_set
     if ps.process_set_id == 0:
-        return state.rank(), state.size()
+        return lifecycle.rank(), lifecycle.size()
     return ps.rank(), ps.size()
 
 
@@ -262,7 +262,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         if a.dtype in _PLAIN:  # the common eager call (a metric, a custom loop), without the layers below
             out = buffers.empty_like(a)
             try:
-                api.allreduce_into(state.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
+                api.allreduce_into(lifecycle.engine(process_set), a.reshape(-1), out.reshape(-1), a.shape,
                                    dtype_name(a.dtype), name, Average if op is None else op, prescale_factor,
                                    postscale_factor)
             except failures.CAUGHT as e:
@@ -349,7 +349,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
         dy = _allreduce(tf.convert_to_tensor(dy), None, Average, 1.0, 1.0, process_set)
         # the same ops on every rank (graph ops are named after tensors: rank-dependent graph
         # structure would give later ops different names on different ranks)
-        return dy * tf.cast(state.rank() == root_rank, dy.dtype)
+        return dy * tf.cast(lifecycle.rank() == root_rank, dy.dtype)
     return _recorded(lambda x: _broadcast(x, root_rank, name, process_set), backward, tensor)
 
 
@@ -456,7 +456,7 @@ def size_op(process_set_id: int = 0, name=None):
 
 def process_set_included_op(process_set_id: int = 0, name=None):
     """1 (int32) when this rank belongs to the set, else 0 (Horovod's; evaluated now, a constant in graphs)."""
-    for ps in state.process_sets():
+    for ps in lifecycle.process_sets():
         if ps.process_set_id == process_set_id:
             return tf.constant(int(process_set_id == 0 or ps.included()), dtype=tf.int32, name=name)
     raise ValueError(f"no process set with id {process_set_id}")
@@ -473,19 +473,19 @@ def ddl_built() -> bool:
 
 
 def rank_op(name=None):
-    return tf.constant(state.rank(), dtype=tf.int32, name=name)
+    return tf.constant(lifecycle.rank(), dtype=tf.int32, name=name)
 
 
 def local_rank_op(name=None):
-    return tf.constant(state.local_rank(), dtype=tf.int32, name=name)
+    return tf.constant(lifecycle.local_rank(), dtype=tf.int32, name=name)
 
 
 def local_size_op(name=None):
-    return tf.constant(state.local_size(), dtype=tf.int32, name=name)
+    return tf.constant(lifecycle.local_size(), dtype=tf.int32, name=name)
 
 
 def _set_size_by_id(process_set_id: int) -> int:
-    for ps in state.process_sets():
+    for ps in lifecycle.process_sets():
         if ps.process_set_id == process_set_id:
-            return state.size() if process_set_id == 0 else ps.size()
+            return lifecycle.size() if process_set_id == 0 else ps.size()
     raise ValueError(f"no process set with id {process_set_id}")

@@ -119,8 +119,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                      gradient_predivide_factor, process_set, backward_passes_per_step,
                                      average_aggregated_gradients)
     # a Keras optimizer: the same wrapper trainrun.tensorflow.keras.DistributedOptimizer makes
-    from trainrun._keras import optimizer as keras_impl
-    from trainrun._keras import tf_ops
+    from trainrun.keras_common import optimizer as keras_impl
+    from trainrun.keras_common import tf_ops
 
     return keras_impl.create_distributed_optimizer(tf.keras, tf_ops, optimizer, name, compression, sparse_as_dense,
                                                    gradient_predivide_factor, op, backward_passes_per_step,

@@ -7,7 +7,7 @@ from types import ModuleType as _ModuleType
 
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
 from trainrun.runtime.process_sets import ProcessSet
-from trainrun.runtime.state import (add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+from trainrun.runtime.lifecycle import (add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                                     gloo_built, gloo_enabled, init, is_homogeneous, is_initialized, local_rank,
                                     local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built,
                                     process_sets, rank, remove_process_set, rocm_built, shutdown, size,

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Adasum
 from trainrun.torch.mpi_ops import allreduce_async_
 from trainrun.torch.passes import count_pass, refuse_zero_grad
@@ -91,7 +91,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
             if handle is None:  # step() before backward_passes_per_step passes: reduce what there is
                 handle, ctx = self._handles[p] = self._allreduce_delta_async(p)
         for p, (handle, (compressed, cctx)) in self._handles.items():
-            state.synchronize(handle)
+            lifecycle.synchronize(handle)
             delta = self._compression.decompress(compressed, cctx)
             start = self._starting_models[p]
             with torch.no_grad():

@@ -5,7 +5,7 @@ import io
 
 import torch
 
-from trainrun.runtime import api, state
+from trainrun.runtime import api, lifecycle
 from trainrun.torch.mpi_ops import broadcast_async_, synchronize
 
 
@@ -52,12 +52,12 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.", model=N
                     if isinstance(optimizer, torch.optim.SparseAdam):
                         p.grad = p.grad.to_sparse()
     blob = None
-    if state.rank() == root_rank:
+    if lifecycle.rank() == root_rank:
         buf = io.BytesIO()
         torch.save(optimizer.state_dict(), buf)
         blob = buf.getvalue()
     blob = api.broadcast_object(blob, root_rank, name=f"{prefix}optimizer_state")
-    if state.rank() != root_rank:
+    if lifecycle.rank() != root_rank:
         optimizer.load_state_dict(torch.load(io.BytesIO(blob), weights_only=False))
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trainrun.runtime.ops import handle_average_backwards_compatibility
-from trainrun.runtime import api, requests as rq, state
+from trainrun.runtime import api, lifecycle, requests as rq
 from trainrun.runtime.ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 (re-exported)
 from trainrun.runtime.process_sets import global_process_set
 from trainrun.torch import builders as build
@@ -24,12 +24,12 @@ from trainrun.torch.compression import Compression
 
 
 def _submit(builder, process_set, *args) -> int:
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return api.submit(builder(eng, *args), eng)
 
 
 def _run(builder, process_set, *args):
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return api.run(builder(eng, *args), eng)
 
 
@@ -50,7 +50,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                process_set=global_process_set) -> torch.Tensor:
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     if build.plain(tensor) and op != Adasum:  # contiguous CPU: NumPy's fast path (api.allreduce_into)
         a, dtype = build.flat_view(tensor)
         api.allreduce_into(eng, None, a, tuple(tensor.shape), dtype, name, op, prescale_factor, postscale_factor)
@@ -73,7 +73,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=global_process_set) -> list:
     op = handle_average_backwards_compatibility(op, average)
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     return api.run(build.grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, True), eng)
 
 
@@ -122,13 +122,13 @@ class _SparseHandle(int):
     """An int handle (poll/synchronize) that is also callable, as Horovod's sparse handle is."""
 
     def __call__(self):
-        return state.synchronize(self)
+        return lifecycle.synchronize(self)
 
 
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Rows splits[r] of dim 0 go to rank r (equal parts when None); returns the output, plus the
     received splits when `splits` was given. Differentiable: the gradient is the reverse alltoall."""
-    return HorovodAlltoall.apply(tensor, splits, name, state.engine(process_set))
+    return HorovodAlltoall.apply(tensor, splits, name, lifecycle.engine(process_set))
 
 
 def _scatter_op(op: int) -> int:
@@ -145,11 +145,11 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 
 def poll(handle: int) -> bool:
-    return state.poll(handle)
+    return lifecycle.poll(handle)
 
 
 def synchronize(handle: int):
-    return state.synchronize(handle)
+    return lifecycle.synchronize(handle)
 
 
 def barrier(process_set=global_process_set) -> None:
@@ -167,7 +167,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
     """Reduce `tensor` over ranks (default Average); returns a new tensor. Differentiable."""
     if op is None or average is not None:
         op = handle_average_backwards_compatibility(op, average)
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     if compression is Compression.none and build.plain(tensor) and op != Adasum \
             and not (tensor.requires_grad and torch.is_grad_enabled()):
         # nothing to differentiate: no autograd Function (its apply costs more than the op). The output
@@ -186,7 +186,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
                       prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set) -> list:
     """allreduce of a list in one fused reduction. Differentiable."""
     op = handle_average_backwards_compatibility(op, average)
-    eng = state.engine(process_set)
+    eng = lifecycle.engine(process_set)
     tensors = list(tensors)
     if compression is Compression.none and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         # nothing to differentiate: no autograd Function (outputs: views of one reduced tensor, flat.py)
@@ -199,12 +199,12 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
 
 def allgather(tensor, name=None, process_set=global_process_set) -> torch.Tensor:
     """Concatenate every rank's tensor along dim 0 (which may differ per rank). Differentiable."""
-    return HorovodAllgather.apply(tensor, name, state.engine(process_set))
+    return HorovodAllgather.apply(tensor, name, lifecycle.engine(process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set) -> torch.Tensor:
     """root_rank's tensor on every rank, as a new tensor. Differentiable."""
-    return HorovodBroadcast.apply(tensor, root_rank, name, state.engine(process_set))
+    return HorovodBroadcast.apply(tensor, root_rank, name, lifecycle.engine(process_set))
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=global_process_set,
@@ -212,13 +212,13 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average, p
     """Reduce over ranks and keep this rank's slice of dim 0. Differentiable."""
     compressed, ctx = compression.compress(tensor)
     out = HorovodReducescatter.apply(compressed, name, _scatter_op(op), prescale_factor, postscale_factor,
-                                     state.engine(process_set))
+                                     lifecycle.engine(process_set))
     return compression.decompress(out, ctx)
 
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set) -> list:
     """allgather of each tensor, announced together. Differentiable."""
-    return list(HorovodGroupedAllgather.apply(name, state.engine(process_set), *tensors))
+    return list(HorovodGroupedAllgather.apply(name, lifecycle.engine(process_set), *tensors))
 
 
 def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
@@ -226,5 +226,5 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """reducescatter of each tensor, announced together. Differentiable."""
     pairs = [compression.compress(t) for t in tensors]
     outs = HorovodGroupedReducescatter.apply(name, _scatter_op(op), prescale_factor, postscale_factor,
-                                             state.engine(process_set), *[t for t, _ in pairs])
+                                             lifecycle.engine(process_set), *[t for t, _ in pairs])
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs)]

@@ -19,7 +19,7 @@ from time import perf_counter_ns
 
 import torch
 
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Handle
 from trainrun.torch import builders as build
 from trainrun.torch.compression import Compression
@@ -68,7 +68,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._process_set = process_set
         # a rank outside `process_set` trains on its own gradients, with no collective (as Horovod)
         self._in_set = process_set is None or process_set.process_set_id == 0 or process_set.included()
-        self._set_size = state.engine(process_set).size if self._in_set else 1
+        self._set_size = lifecycle.engine(process_set).size if self._in_set else 1
         self._compression = compression
         self._parameter_names = parameter_names(self.param_groups, named_parameters)
         named_parameters = [(k, v) for v, k in self._parameter_names.items()]
@@ -144,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             pairs.append(self._compression.compress(grad))
         if not dense:
             return
-        eng = state.engine(self._process_set)
+        eng = lifecycle.engine(self._process_set)
         pre, post = self._scales()
         names, op, reqs, kept = self._parameter_names, self.op, [], []
         for p, (compressed, cctx) in zip(dense, pairs):
@@ -249,12 +249,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # the batches' engine handles (_start) are waited for directly; groups' ints in the handle table
         waiting = [h for h, _ in handles.values() if h.__class__ is Handle]
         if waiting:
-            state.engine(self._process_set).wait_all(waiting)
-        state.synchronize_all([h for h, ctx in handles.values() if h.__class__ is not Handle and ctx is not _SPARSE])
+            lifecycle.engine(self._process_set).wait_all(waiting)
+        lifecycle.synchronize_all([h for h, ctx in handles.values() if h.__class__ is not Handle and ctx is not _SPARSE])
         decompress = self._compression.decompress
         for key, (handle, ctx) in handles.items():
             if ctx is _SPARSE:  # its result is the reduced sparse gradient
-                key.grad = state.synchronize(handle)
+                key.grad = lifecycle.synchronize(handle)
                 continue
             if handle.__class__ is Handle:
                 compressed, cctx, finalize = ctx
@@ -273,7 +273,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
         self._handles.clear()
         self._synchronized = True
-        engine = state.engine(self._process_set)  # (diag/perf.py: steps per window, the time before each)
+        engine = lifecycle.engine(self._process_set)  # (diag/perf.py: steps per window, the time before each)
         engine.steps += 1
         if engine.measure:
             engine.step_end = perf_counter_ns()
@@ -317,8 +317,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if op == Adasum and state.engine(None).size > 1:  # (one rank: the plain optimizer, as in Horovod)
-        if process_set is not None and process_set is not state.global_process_set:
+    if op == Adasum and lifecycle.engine(None).size > 1:  # (one rank: the plain optimizer, as in Horovod)
+        if process_set is not None and process_set is not lifecycle.global_process_set:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")
         if groups or num_groups:
             raise ValueError("DistributedOptimizer(op=Adasum) reduces each parameter's delta on its own: "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Sum
 from trainrun.torch.autograd import HorovodAllreduce
 
@@ -29,7 +29,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        eng = state.engine()
+        eng = lifecycle.engine()
         if not self.training or eng.size == 1:
             return super().forward(input)
         c = input.shape[1]

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 import trainrun.runtime as hvd
-from trainrun.runtime.state import engine
+from trainrun.runtime.lifecycle import engine
 
 hvd.init()
 hvd.shutdown()

@@ -95,15 +95,15 @@ def pre_and_postscale():
 @case
 def async_many_and_grouped():
     """50 async ops in flight at once; a grouped allreduce is one reduction."""
-    from trainrun.runtime import state
+    from trainrun.runtime import lifecycle
     hs = [hvd.allreduce_async_(data(hvd.rank(), 500 + i, (33 + i,), torch.float32).to(dev()), name=f"many.{i}",
                                op=hvd.Max) for i in range(50)]
     for i, h in enumerate(hs):
         close(hvd.synchronize(h), everyone(500 + i, (33 + i,)).max(0).values, torch.float32)
     tensors = [data(hvd.rank(), 600 + i, (i + 1, 5), torch.float32).to(dev()) for i in range(10)]
-    before = state.engine().reductions
+    before = lifecycle.engine().reductions
     outs = hvd.grouped_allreduce(tensors, op=hvd.Sum)
-    assert state.engine().reductions - before == 1, "a grouped allreduce took more than one reduction"
+    assert lifecycle.engine().reductions - before == 1, "a grouped allreduce took more than one reduction"
     for i, out in enumerate(outs):
         close(out, everyone(600 + i, (i + 1, 5)).sum(0), torch.float32)
 

@@ -8,7 +8,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import trainrun.runtime as hvd  # noqa: E402
 from harness import case, main  # noqa: E402
-from trainrun.runtime import state  # noqa: E402
+from trainrun.runtime import lifecycle  # noqa: E402
 
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]
 SHAPES = [(0,), (1,), (7,), (1000,), (3, 5)]
@@ -121,22 +121,22 @@ def fusion_of_hundreds_in_different_orders():
     dtypes = ["float32", "float64", "int32", "float16"]
     specs = [(f"fuse.{i}", (1 + (i * 37) % 700,), dtypes[i % 4]) for i in range(n)]
     order = np.random.default_rng(hvd.rank() + 10).permutation(n)  # differs per rank
-    before = state.engine().reductions
+    before = lifecycle.engine().reductions
     handles = {i: hvd.allreduce_async(data(hvd.rank(), 1000 + i, specs[i][1], specs[i][2]), name=specs[i][0], op=hvd.Sum)
                for i in order}
     for i in range(n):
         name, shape, dtype = specs[i]
         close(hvd.synchronize(handles[i]), reference(hvd.Sum, all_data(1000 + i, shape, dtype), dtype), dtype)
-    used = state.engine().reductions - before
+    used = lifecycle.engine().reductions - before
     assert used < n / 3, f"{n} tensors took {used} reductions: fusion is not working"
 
 
 @case
 def grouped_allreduce():
     arrays = [data(hvd.rank(), 200 + i, (i + 1, 3), "float32") for i in range(10)]
-    before = state.engine().reductions
+    before = lifecycle.engine().reductions
     outs = hvd.grouped_allreduce(arrays, op=hvd.Average)
-    assert state.engine().reductions - before == 1
+    assert lifecycle.engine().reductions - before == 1
     for i, out in enumerate(outs):
         close(out, reference(hvd.Average, all_data(200 + i, (i + 1, 3), "float32"), "float32"), "float32")
 

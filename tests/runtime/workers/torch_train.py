@@ -99,10 +99,10 @@ def gradient_batches():
     """Gradients start in batches (optimizer.BATCH_BYTES), each still its own named allreduce: none
     during backward for a small model (one submit of all in synchronize), one submit per gradient with
     1-byte batches, and the same training result either way."""
-    from trainrun.runtime import state
+    from trainrun.runtime import lifecycle
     from trainrun.torch import optimizer
 
-    eng = state.engine(None)
+    eng = lifecycle.engine(None)
     submits = []
     real_submit = eng.submit
 

@@ -20,13 +20,13 @@ def sycl_built() -> bool:
 
 
 def _probes() -> dict:
-    from trainrun.runtime import state
+    from trainrun.runtime import lifecycle
 
     names = ("init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size",
              "cross_rank", "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
              "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built", "start_timeline",
              "stop_timeline")
-    return {**{n: getattr(state, n) for n in names}, "sycl_built": sycl_built}
+    return {**{n: getattr(lifecycle, n) for n in names}, "sycl_built": sycl_built}
 
 
 def reexport(name: str, target: str, probes: bool = False) -> None:

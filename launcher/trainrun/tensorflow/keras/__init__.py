@@ -2,8 +2,8 @@
 
 Works with whatever `tf.keras` is: Keras 3 on its tensorflow backend (TF 2.21's default; this module
 sets KERAS_BACKEND=tensorflow unless it is set), or tf-keras (Keras 2) when the program sets
-TF_USE_LEGACY_KERAS=1 before importing TensorFlow. The machinery is trainrun._keras's with
-TensorFlow collectives (trainrun._keras.tf_ops), so gradients are reduced inside the tf.function
+TF_USE_LEGACY_KERAS=1 before importing TensorFlow. The machinery is trainrun.keras_common's with
+TensorFlow collectives (trainrun.keras_common.tf_ops), so gradients are reduced inside the tf.function
 that `fit` compiles.
 """
 import os
@@ -12,12 +12,12 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import tensorflow as tf  # noqa: E402
 
-from trainrun._keras import optimizer as _impl  # noqa: E402
-from trainrun._keras import tf_ops as _ops  # noqa: E402
+from trainrun.keras_common import optimizer as _impl  # noqa: E402
+from trainrun.keras_common import tf_ops as _ops  # noqa: E402
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
-from trainrun.runtime.state import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
+from trainrun.runtime.lifecycle import (add_process_set, cross_rank, cross_size, cuda_built, gloo_built,  # noqa: E402
                                     gloo_enabled, init, is_homogeneous, is_initialized, local_rank, local_size,
                                     mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, process_sets, rank,
                                     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
@@ -37,7 +37,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=global_process_set, local_layers=None,
                          scale_local_gradients=True):
     """A copy of `optimizer` (a tf.keras optimizer) whose updates use gradients reduced over all ranks
-    (see trainrun._keras.optimizer), except `local_layers`' (kept local; register_local_var adds more).
+    (see trainrun.keras_common.optimizer), except `local_layers`' (kept local; register_local_var adds more).
     `device_*` are accepted and ignored; all gradients travel as one group."""
     return _impl.create_distributed_optimizer(keras, _ops, optimizer, name, compression, sparse_as_dense,
                                               gradient_predivide_factor, op, backward_passes_per_step,

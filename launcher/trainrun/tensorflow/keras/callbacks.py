@@ -2,8 +2,8 @@
 (Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1)."""
 import tensorflow as tf
 
-from trainrun._keras import tf_ops
-from trainrun._keras.callbacks import make
+from trainrun.keras_common import tf_ops
+from trainrun.keras_common.callbacks import make
 
 keras = tf.keras
 _classes = make(keras, tf_ops)

@@ -58,7 +58,7 @@ def gloo_built(verbose: bool = False) -> bool:
 
 
 def nccl_built(verbose: bool = False) -> bool:
-    from trainrun.runtime.state import nccl_built as probe
+    from trainrun.runtime.lifecycle import nccl_built as probe
 
     return _built("NCCL", probe(), verbose)
 
@@ -80,7 +80,7 @@ def gloo_enabled() -> bool:
 
 
 def cuda_built() -> bool:
-    from trainrun.runtime.state import cuda_built as probe
+    from trainrun.runtime.lifecycle import cuda_built as probe
 
     return probe()
 

@@ -18,7 +18,7 @@ import sys
 import time
 
 if TYPE_CHECKING:
-    from trainrun.run.fold import Folded, Folder
+    from trainrun.supervisor.fold import Folded, Folder
 from collections import deque
 
 
@@ -184,7 +184,7 @@ def sink_for(cfg, size: int) -> OutputSink:
     show = cfg.shown_ranks(size)
     folder = None
     if cfg.fold:
-        from trainrun.run.fold import Folder
+        from trainrun.supervisor.fold import Folder
 
         folder = Folder(sorted(show) if show is not None else range(size))
     return OutputSink(cfg.prefix, cfg.output_dir, show=show, folder=folder)

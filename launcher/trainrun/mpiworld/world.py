@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainrun import log
-from trainrun.mpi.pmi import PmiJob, PmiServer, process_mapping
-from trainrun.mpi.shm import kvsname_for, remove_shm_segments
+from trainrun.mpiworld.pmi import PmiJob, PmiServer, process_mapping
+from trainrun.mpiworld.shm import kvsname_for, remove_shm_segments
 from trainrun.plan.spec import LaunchPlan
 
 

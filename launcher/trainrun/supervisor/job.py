@@ -15,7 +15,7 @@ Stuck ranks: a rank whose runtime waited the stall timeout in a collective while
 completed (`on_stall` with `stuck`, diag/rankhook.py) waits on a rank whose engine takes no part at all
 (stopped, exited without shutting trainrun down, hung outside trainrun): nothing inside the ranks can
 end that wait. The stacks are taken, then the job fails (exit 1) naming the absent ranks by their exit,
-their /proc state or their stack (run/stall.py). Teardown sends SIGCONT after SIGTERM, so that a
+their /proc state or their stack (supervisor/stall.py). Teardown sends SIGCONT after SIGTERM, so that a
 stopped rank ends at once rather than at the SIGKILL after the grace period.
 
 The exit code is the first failing rank's by time across hosts (128+N if signal N killed it, result.py);
@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
-from trainrun.run.groups import ExitInfo
-from trainrun.run.output import OutputSink
-from trainrun.run.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
-from trainrun.run.straggler import Watch
-from trainrun.run.watchdog import Watchdog
+from trainrun.supervisor.groups import ExitInfo
+from trainrun.supervisor.output import OutputSink
+from trainrun.supervisor.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
+from trainrun.supervisor.straggler import Watch
+from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import RankStack
-    from trainrun.run.groups import RankGroup
-    from trainrun.run.ps_policy import PsPolicy
-    from trainrun.run.stall import Stuck
+    from trainrun.supervisor.groups import RankGroup
+    from trainrun.supervisor.ps_policy import PsPolicy
+    from trainrun.supervisor.stall import Stuck
 
 TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
@@ -67,7 +67,7 @@ class Job:
                  start_timeout: float = 120.0, hang_timeout: float | None = None, output_dir: str | None = None,
                  ps_policy: PsPolicy | None = None):
         """`groups` must together hold every rank of `plan` exactly once. `ps_policy`: a parameter-server
-        job's exits (run/ps_policy.py): the chief's success ends the job, a dead worker is restarted."""
+        job's exits (supervisor/ps_policy.py): the chief's success ends the job, a dead worker is restarted."""
         self.plan = plan
         self.sink = sink
         self.grace = grace
@@ -93,7 +93,7 @@ class Job:
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
-        # who holds the job back (run/straggler.py), from the ranks' window summaries
+        # who holds the job back (supervisor/straggler.py), from the ranks' window summaries
         self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
 
     def _where(self, rank: int) -> str:
@@ -156,7 +156,7 @@ class Job:
     def on_pmi(self, rank: int, data: bytes) -> None:
         self._last_activity = time.monotonic()
         if self.world is None:
-            from trainrun.mpi.world import MpiWorld
+            from trainrun.mpiworld.world import MpiWorld
 
             self.world = MpiWorld(self.plan, self.start_timeout)
         replies, problem = self.world.feed(rank, data, time.monotonic())
@@ -184,7 +184,7 @@ class Job:
                 self.stragglers = None
 
     def _record_window(self, rank: int, perf: str) -> None:
-        """Append the window to --output-dir's straggler.jsonl (per rank and window; run/straggler.py)."""
+        """Append the window to --output-dir's straggler.jsonl (per rank and window; supervisor/straggler.py)."""
         line = self.stragglers.record(rank, perf, time.time())
         if line is None:
             return
@@ -205,7 +205,7 @@ class Job:
 
     def _on_stuck(self, rank: int, text: str) -> None:
         """A rank waits in a collective that cannot complete: take the stacks, then fail the job."""
-        from trainrun.run.stall import Stuck
+        from trainrun.supervisor.stall import Stuck
 
         report = Stuck.parse(rank, text)
         if report is None or any(s.rank == rank for s in self._stuck):
@@ -218,7 +218,7 @@ class Job:
 
     def _fail_stuck(self, stacks: list[RankStack]) -> None:
         from trainrun.diag.report import in_trainrun_call
-        from trainrun.run.stall import STALL_EXIT, describe
+        from trainrun.supervisor.stall import STALL_EXIT, describe
 
         states = {s.rank: s.state for s in stacks if s.state}
         in_call = {s.rank for s in stacks if in_trainrun_call(s)}

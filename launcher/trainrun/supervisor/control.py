@@ -9,7 +9,7 @@ is still here for the next attempt's `state.sync()`: no disk checkpoint, and no 
 
 Segments are named `trainrun_state_<owner pid>_<job id>_<n>` (the job id of the attempt that created it,
 n counting the owner's segments): `remove()` unlinks every segment of this owner at the end of the job,
-and the owner's Watchdog does the same when the owner is killed (run/watchdog.py: unlink_on_death).
+and the owner's Watchdog does the same when the owner is killed (supervisor/watchdog.py: unlink_on_death).
 """
 from __future__ import annotations
 

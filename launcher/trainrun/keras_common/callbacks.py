@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 
 import trainrun.runtime as rt
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 
 
 def _variables(obj) -> list:
@@ -62,7 +62,7 @@ class _MetricAverage:
     Must come before the callbacks that read the metrics."""
 
     def on_epoch_end(self, epoch, logs=None):
-        if not logs or state.size() == 1:
+        if not logs or lifecycle.size() == 1:
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
@@ -94,7 +94,7 @@ class _LearningRateWarmup:
         self._epoch = epoch
 
     def multiplier(self, epoch: float) -> float:
-        n = state.size()
+        n = lifecycle.size()
         return 1.0 / n * (epoch * (n - 1) / self.warmup_epochs + 1)
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -110,7 +110,7 @@ class _LearningRateWarmup:
             optimizer.learning_rate = lr
 
     def on_epoch_end(self, epoch, logs=None):
-        if epoch + 1 == self.warmup_epochs and self.verbose and state.rank() == 0:
+        if epoch + 1 == self.warmup_epochs and self.verbose and lifecycle.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {self.initial_lr:g}.")
 
 

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING
 from trainrun import log
 from trainrun.errors import ProgramError
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run.groups import ExitInfo
-from trainrun.run.watchdog import Watchdog
+from trainrun.supervisor.groups import ExitInfo
+from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import HookInfo
-    from trainrun.run.control import ControlServer
-    from trainrun.run.groups import RankEvents
+    from trainrun.supervisor.control import ControlServer
+    from trainrun.supervisor.groups import RankEvents
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
 REAP_EVERY = 1.0  # seconds between looks for adopted orphans that ended (zombies to reap)
@@ -88,7 +88,7 @@ class LocalRanks:
 
     def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None,
                  control: ControlServer | None = None):
-        """`control`: an elastic job's control channels (run/control.py): each rank gets TRAINRUN_CTL_FD."""
+        """`control`: an elastic job's control channels (supervisor/control.py): each rank gets TRAINRUN_CTL_FD."""
         self.specs = procs
         self.control = control
         self.events: RankEvents | None = None
@@ -112,12 +112,12 @@ class LocalRanks:
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
         self.events = events
-        from trainrun.run import reaper
-        from trainrun.run.oom import OomWatch
+        from trainrun.supervisor import reaper
+        from trainrun.supervisor.oom import OomWatch
 
         reaper.become_subreaper()
         self._since = reaper.ticks_now()
-        from trainrun.run.watchdog import guardian_pids
+        from trainrun.supervisor.watchdog import guardian_pids
 
         self._helpers = {watchdog.pid, *guardian_pids()}
 
@@ -144,7 +144,7 @@ class LocalRanks:
 
     def restart(self, rank: int, count: int) -> None:
         """Start rank `rank` again, as it was planned (after its end was reported; a parameter-server job's
-        worker, run/ps_policy.py); TRAINRUN_RESTART_COUNT=`count` tells it apart. A failure to start it is
+        worker, supervisor/ps_policy.py); TRAINRUN_RESTART_COUNT=`count` tells it apart. A failure to start it is
         reported as its exit (127)."""
         old = self.ranks[rank]
         self._retired.append(old)
@@ -160,7 +160,7 @@ class LocalRanks:
         env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # an outer launcher's PMI is not ours
         pass_fds, child_sock, parent_sock = (), None, None
         if self.pmi:
-            from trainrun.mpi.pmienv import socket_env
+            from trainrun.mpiworld.pmienv import socket_env
 
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
@@ -312,13 +312,13 @@ class LocalRanks:
 
     def _orphans(self, procs=None) -> list:
         """The job's processes this process adopted (children in a rank's session or one of their own)."""
-        from trainrun.run import reaper
+        from trainrun.supervisor import reaper
 
         ranks = {r.proc.pid for r in self.ranks.values()}
         return reaper.adopted(os.getpid(), self._since, self._helpers | ranks, procs)
 
     def _reap_orphans(self) -> None:
-        from trainrun.run import reaper
+        from trainrun.supervisor import reaper
 
         reaper.reap_adopted(p.pid for p in self._orphans() if p.state in "ZX")
 
@@ -338,7 +338,7 @@ class LocalRanks:
         of the job survives."""
         if not self._pgids:
             return
-        from trainrun.run import reaper
+        from trainrun.supervisor import reaper
 
         for pgid in self._pgids:
             _killpg(pgid, signal.SIGKILL)

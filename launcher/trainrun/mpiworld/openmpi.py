@@ -2,7 +2,7 @@
 trainrun builds the `mpirun` command line from the same plan, the way horovodrun does, and keeps its
 own output prefixes, exit code and teardown around it.
 
-Each rank starts through `python -m trainrun.mpi.ompi_rank` (ompi_rank.py), which derives its
+Each rank starts through `python -m trainrun.mpiworld.ompi_rank` (ompi_rank.py), which derives its
 coordinates from Open MPI's OMPI_COMM_WORLD_* variables and sets the same env contract
 (envcontract.rank_env) before it execs the program, so programs see one contract under both MPIs.
 mpirun runs as the one process of a LocalRanks group (MpirunRanks), under the same Job as any launch. Placement: `--map-by slot` over `-H host:slots` is trainrun's block placement.
@@ -19,8 +19,8 @@ import sys
 from trainrun.errors import UsageError
 from trainrun.plan.envcontract import rank_env
 from trainrun.plan.spec import LaunchPlan
-from trainrun.run.local import LocalRanks
-from trainrun.run.output import OutputSink
+from trainrun.supervisor.local import LocalRanks
+from trainrun.supervisor.output import OutputSink
 
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.S)
 
@@ -60,7 +60,7 @@ def mpirun_argv(plan: LaunchPlan, mpirun: str, *, oversubscribe: bool, as_root: 
         if derived.get(k) != v:  # what the shim derives per rank is left to it; -x overrides are kept
             argv += ["-x", f"{k}={v}"]
     counts = " ".join(str(len(p)) for p in by_host.values())
-    return [*argv, python, "-m", "trainrun.mpi.ompi_rank", counts, plan.job.to_arg(), *first.argv]
+    return [*argv, python, "-m", "trainrun.mpiworld.ompi_rank", counts, plan.job.to_arg(), *first.argv]
 
 
 class RetaggingSink:
@@ -110,7 +110,7 @@ def run_openmpi(plan: LaunchPlan, sink: OutputSink, *, oversubscribe: bool, grac
     from dataclasses import replace
 
     from trainrun.plan.hosts import is_local_name
-    from trainrun.run.job import Job
+    from trainrun.supervisor.job import Job
 
     # Open MPI's segments of a killed job stay in /dev/shm; on this machine, give them a directory of
     # their own to remove. (Remote hosts would need it to exist there: left to Open MPI's default.)

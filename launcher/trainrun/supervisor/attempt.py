@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 
 from trainrun.elastic.protocol import RESET_EXIT_CODE
-from trainrun.run.elastic_policy import STARTUP_WINDOW, RankEnd
-from trainrun.run.groups import ExitInfo
-from trainrun.run.job import Job
-from trainrun.run.result import Failure, exit_code_of
+from trainrun.supervisor.restart_policy import STARTUP_WINDOW, RankEnd
+from trainrun.supervisor.groups import ExitInfo
+from trainrun.supervisor.job import Job
+from trainrun.supervisor.result import Failure, exit_code_of
 
 SETTLE = 3.0       # seconds the other ranks get to fail on their own after a start-up failure
 RESET_WAIT = 10.0  # seconds the other ranks get to leave after the first reset exit, before they are stopped

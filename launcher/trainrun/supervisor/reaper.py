@@ -17,7 +17,7 @@ the owner's (`adopted`). `kill_tree` stops a whole tree first (a stopped process
 it, so nothing slips out between the walk and the kill even when the killer is not its ancestor (the
 watchdog, the launcher's fresh-connection sweep).
 
-`python -m trainrun.run.reaper JOB_ID HOST [AGENT_PID:START]`: what the launcher runs over a fresh
+`python -m trainrun.supervisor.reaper JOB_ID HOST [AGENT_PID:START]`: what the launcher runs over a fresh
 connection on a host whose agent went silent: kill the agent's whole tree (the agent included, if it is
 still the process that started at START) and every process with the job's mark; exit 0 when nothing is
 left, 1 otherwise (the survivors on stdout).
@@ -199,7 +199,7 @@ def reap_adopted(owner_children: Iterable[int]) -> None:
             pass
 
 
-# --- the fresh-connection sweep (python -m trainrun.run.reaper) -------------------------------------
+# --- the fresh-connection sweep (python -m trainrun.supervisor.reaper) -------------------------------------
 
 def sweep_host(job_id: str, host: str, agent: str | None) -> list[int]:
     """Kill the tree of the agent `agent` ("PID:START", if that process still is the one that started then)
@@ -216,7 +216,7 @@ def sweep_host(job_id: str, host: str, agent: str | None) -> list[int]:
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
-        print("usage: python -m trainrun.run.reaper JOB_ID HOST [AGENT_PID:START]", file=sys.stderr)
+        print("usage: python -m trainrun.supervisor.reaper JOB_ID HOST [AGENT_PID:START]", file=sys.stderr)
         return 2
     left = sweep_host(argv[0], argv[1], argv[2] if len(argv) == 3 else None)
     print(" ".join(map(str, left)) if left else "clean", flush=True)

@@ -10,7 +10,7 @@ and look like anyone's. So the guardian looks at the owner's adopted children ev
 remembers them (pid and start time). If the owner dies, the pipe reaches EOF and the guardian stops and
 SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
 ranks' whole trees), then every process carrying the mark, then unlinks the marked job's MPICH segments
-(mpi/shm.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
+(mpiworld/shm.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
 
 `stop_limit(s)` (agents): also do all that, and SIGKILL the owner, when the owner has been stopped
 (SIGSTOP, state T) for `s` seconds: a stopped agent cannot act on a launcher's silence, and the
@@ -55,7 +55,7 @@ class Watchdog:
 
     def unlink_on_death(self, prefix: str) -> None:
         """Also unlink every file whose path starts with `prefix` (a committed-state owner's /dev/shm
-        segments: run/control.py) if the owner dies."""
+        segments: supervisor/control.py) if the owner dies."""
         os.write(self._w, ("u" + prefix + "\n").encode())
 
     def stop_limit(self, seconds: float) -> None:
@@ -90,7 +90,7 @@ def _guard(r: int) -> None:
             os.dup2(null, fd)
         os.closerange(3, r)
         os.closerange(r + 1, 65536)
-        from trainrun.run import reaper
+        from trainrun.supervisor import reaper
 
         me = reaper.stat(os.getpid())
         since = me.start if me else 0  # forked before any rank: the job's processes are younger
@@ -143,8 +143,8 @@ def _guard(r: int) -> None:
                 pass
         for job_id, *hosts in marks:
             reaper.sweep(job_id, hosts)
-        if marks:  # the job's MPICH segments: its killed ranks leave them (mpi/shm.py)
-            from trainrun.mpi.shm import kvsname_for, remove_shm_segments
+        if marks:  # the job's MPICH segments: its killed ranks leave them (mpiworld/shm.py)
+            from trainrun.mpiworld.shm import kvsname_for, remove_shm_segments
 
             for job_id, *_hosts in marks:
                 try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from trainrun.diag.stacks import SILENT_STATES
 from trainrun.rankset import describe_ranks
-from trainrun.run.result import signame
+from trainrun.supervisor.result import signame
 
 STALL_EXIT = 1  # as a rank's unhandled StallError would give
 

@@ -1,9 +1,9 @@
 """The elastic loop: run a job as a series of attempts until it succeeds, fails for good, or is interrupted.
 
-An attempt is an ordinary Job (run/attempt.py's AttemptJob) planned by the one planner on the hosts the
-policy picks (run/elastic_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
+An attempt is an ordinary Job (supervisor/attempt.py's AttemptJob) planned by the one planner on the hosts the
+policy picks (supervisor/restart_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
 restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
-the ranks committed with them (run/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
+the ranks committed with them (supervisor/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
 
     failure   a rank or host failed: record it (FailureRecord), cool the host down (elastic sizing), and
               restart after a back-off -- unless every rank failed the same way at start-up (a restart
@@ -26,9 +26,9 @@ from trainrun.errors import HostsError, TrainrunError
 from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
 from trainrun.plan.spec import with_env
-from trainrun.run.discovery import LiveHosts
-from trainrun.run.elastic_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
-from trainrun.run.output import sink_for
+from trainrun.supervisor.discovery import LiveHosts
+from trainrun.supervisor.restart_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
+from trainrun.supervisor.output import sink_for
 
 AGENT_START_SLACK = 30.0
 IDLE_TICK = 0.2
@@ -50,7 +50,7 @@ def _for(seconds: float) -> str:
 class ElasticLoop:
     def __init__(self, cfg: LaunchConfig, settings: ElasticSettings, source: LiveHosts, origin=None):
         """`origin`: fanout.select's HostSource (where the hosts come from, which engine reaches them)."""
-        from trainrun.run.control import ControlServer, SegmentStore
+        from trainrun.supervisor.control import ControlServer, SegmentStore
 
         self.cfg, self.settings, self.source, self.origin = cfg, settings, source, origin
         self.book = HostBook(settings.cooldown)
@@ -69,8 +69,8 @@ class ElasticLoop:
 
     # the loop
     def run(self) -> int:
-        from trainrun.run import reaper  # noqa: F401  (imported before the fork: the guardian needs it)
-        from trainrun.run.watchdog import Watchdog
+        from trainrun.supervisor import reaper  # noqa: F401  (imported before the fork: the guardian needs it)
+        from trainrun.supervisor.watchdog import Watchdog
 
         caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         old = {s: signal.signal(s, _raise_interrupt) for s in caught}
@@ -149,8 +149,8 @@ class ElasticLoop:
     def _attempt(self, pick: Pick) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
         from trainrun.plan.envcontract import forwarded_env
-        from trainrun.run.attempt import AttemptJob, HostWatch
-        from trainrun.run.local import LocalRanks
+        from trainrun.supervisor.attempt import AttemptJob, HostWatch
+        from trainrun.supervisor.local import LocalRanks
 
         cfg = self.cfg
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))

@@ -14,7 +14,7 @@ updates. Eagerly (and on torch) that accumulation is Python-side; in the tf.func
 """
 from __future__ import annotations
 
-from trainrun.runtime import state
+from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Adasum, Average
 
 
@@ -73,7 +73,7 @@ class _Distributed:
         s = self._trainrun
         if s.local and variables is not None:
             return self._trainrun_reduce_partly(list(grads), list(variables))
-        if not any(g is not None for g in grads) or state.engine(s.process_set).size == 1:
+        if not any(g is not None for g in grads) or lifecycle.engine(s.process_set).size == 1:
             return grads
         if s.name is None:
             paths = list(variables) if variables is not None else [None] * len(grads)
@@ -102,7 +102,7 @@ class _Distributed:
                 out[i] = g
         finally:
             s.local = local
-        n = state.engine(s.process_set).size
+        n = lifecycle.engine(s.process_set).size
         if s.scale_local and n > 1:
             for i, v in enumerate(variables):
                 if id(v) in local and out[i] is not None:

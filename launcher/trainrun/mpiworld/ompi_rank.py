@@ -1,4 +1,4 @@
-"""`python -m trainrun.mpi.ompi_rank COUNTS JOB PROGRAM...`: what mpirun starts for each rank of an
+"""`python -m trainrun.mpiworld.ompi_rank COUNTS JOB PROGRAM...`: what mpirun starts for each rank of an
 Open MPI job (openmpi.py). It reads the rank's place from Open MPI (OMPI_COMM_WORLD_*), builds the same
 RankAssignment trainrun's placement would (`COUNTS`: ranks per node, "2 2 1"; block placement), sets the
 env contract with envcontract.rank_env (`JOB`: JobInfo.to_arg()) and the horovod shim's PYTHONPATH
@@ -36,7 +36,7 @@ def assignment_from_ompi(environ, counts: list[int]) -> RankAssignment:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
-        print("usage: python -m trainrun.mpi.ompi_rank COUNTS JOB PROGRAM...", file=sys.stderr)
+        print("usage: python -m trainrun.mpiworld.ompi_rank COUNTS JOB PROGRAM...", file=sys.stderr)
         return 2
     counts = [int(c) for c in argv[0].split()]
     env = rank_env(assignment_from_ompi(os.environ, counts), JobInfo.from_arg(argv[1]))

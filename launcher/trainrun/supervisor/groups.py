@@ -10,7 +10,7 @@ MPI's mpirun). The Job (job.py) drives every group the same way from one selecto
     pmi_send(rank, data)           bytes for a rank's PMI socket
     dump(request, use_py_spy)      take the Python stacks of its running ranks; answer with on_stacks
     abandon()                      stop waiting (after SIGKILL went unanswered): report the rest lost
-    restart(rank, count)           start an ended rank again (parameter-server jobs' workers: run/ps_policy.py)
+    restart(rank, count)           start an ended rank again (parameter-server jobs' workers: supervisor/ps_policy.py)
     close(sel) / wait_closed()     release every resource; after both, nothing of the group runs
     running                        how many of its ranks have not been reported ended
 
@@ -25,7 +25,7 @@ import selectors
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from trainrun.plan.spec import ProcessSpec
-from trainrun.run.watchdog import Watchdog
+from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from trainrun.diag.stacks import RankStack

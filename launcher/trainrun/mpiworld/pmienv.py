@@ -1,5 +1,5 @@
 """The PMI part of a rank's environment, alone: what LocalRanks needs for every MPI-enabled rank, without
-importing the PMI server (mpi/pmi.py), which only a job whose ranks speak PMI needs."""
+importing the PMI server (mpiworld/pmi.py), which only a job whose ranks speak PMI needs."""
 from __future__ import annotations
 
 
