@@ -132,9 +132,49 @@ def test_bad_lines_are_ignored():
 def test_the_output_dir_record_holds_the_window_and_the_named_straggler():
     import json
     w = st.Watch(dict(HOSTS2x2))
-    assert json.loads(w.record(3, text(wait=40, last=95, before=7), 5.0)) == {
+    assert json.loads(w.record(3, text(wait=40, last=95, before=7) + " 4096 300 12", 5.0)) == {
         "time": 5.0, "rank": 3, "host": "h2", "wall_ms": 4000, "wait_ms": 40, "collectives": 100, "last": 95,
-        "steps": 40, "before_ms": 7, "straggler": None}
+        "steps": 40, "before_ms": 7, "bytes": 4096, "rss_mb": 300, "gpu_mb": 12, "straggler": None}
     feed(w, 4, slow_rank({3}))
     assert json.loads(w.record(0, text(), 20.0))["straggler"] == [3]
     assert w.record(0, "nonsense", 1.0) is None
+
+
+def test_the_nine_field_line_carries_payload_and_memory_and_six_fields_still_parse():
+    w = st.Window.parse(2, "4000 100 50 3 20 7 65536 512 64", 1.0)
+    assert (w.before_ms, w.reduced_bytes, w.rss_mb, w.gpu_mb) == (7, 65536, 512, 64)
+    assert st.Window.parse(2, w.text, 1.0) == w
+    old = st.Window.parse(2, "4000 100 50 3 20 7", 1.0)
+    assert (old.before_ms, old.reduced_bytes, old.rss_mb) == (7, 0, 0)
+
+
+def test_replaying_the_records_gives_the_launchers_verdicts_and_margin():
+    """supervisor/straggler.replay on --output-dir's records: the same verdict as the live Watch, and
+    for a healthy job a positive margin that names the binding condition."""
+    import json
+    live = st.Watch(dict(HOSTS2x2))
+    records = []
+    for i in range(5):
+        for r in sorted(HOSTS2x2):
+            t = slow_rank({3})(r, i)
+            records.append(json.loads(live.record(r, t, 4.0 * (i + 1))))
+            live.on_window(r, t, 4.0 * (i + 1))
+    again = st.replay(records)
+    assert [v.ranks for v in again.seen] == [v.ranks for v in live.seen] == [(3,)]
+
+    healthy = st.Watch(dict(HOSTS2x2))
+    feed(healthy, 6, lambda r, i: text(wait=1000, last=30))  # every rank alike: ties
+    low = healthy.lowest
+    assert low is not None and low.slack > 0 and healthy.seen == []
+    assert low.binding in st.RULE
+    assert abs(low.slack - st.LAST_MARGIN) < 1e-9  # its share equals the others': the margin binds, by 0.30
+
+
+def test_the_margin_shrinks_as_a_rank_slows_and_reaches_zero_when_named():
+    def lowest(share):
+        w = st.Watch(dict(HOSTS2x2))
+        feed(w, 5, lambda r, i: text(wait=60 if r == 3 else 1600, last=int(100 * share) if r == 3 else 5))
+        return w
+    slacks = [lowest(s).lowest.slack for s in (0.2, 0.3, 0.5)]
+    assert slacks == sorted(slacks, reverse=True) and slacks[-1] > 0
+    assert lowest(0.9).seen  # named: no margin recorded after the verdict (it was <= 0)

@@ -152,6 +152,7 @@ class Engine(LoneOp, Driver, Completion):
         self.steps = 0          # optimizer steps (torch DistributedOptimizer.synchronize)
         self.step_end = 0       # perf_counter_ns when the last step's synchronize ended, until backward begins
         self.before_ns = 0      # time from a step's end to the next backward's first gradient (loader, forward)
+        self.reduced_bytes = 0  # allreduce payload (inputs' bytes): the monitor's throughput
         self._sent = self._sent_prev = 0  # the op bits of this round's and the previous round's contribution
 
         self._thread = threading.Thread(target=self._run, name="trainrun-engine", daemon=True)

@@ -60,6 +60,9 @@ class Window:
     last: int
     steps: int  # optimizer steps; negative: blocking waits, without an optimizer
     before_ms: int = 0
+    reduced_bytes: int = 0  # allreduce payload (0 from ranks that do not send it)
+    rss_mb: int = 0         # the rank's memory when it sent the window
+    gpu_mb: int = 0
 
     @classmethod
     def parse(cls, rank: int, text: str, at: float) -> Window | None:
@@ -68,8 +71,14 @@ class Window:
             wall, wait, coll, last, steps = fields[:5]
         except ValueError:
             return None
-        before = fields[5] if len(fields) > 5 else 0
-        return cls(rank, at, wall, wait, coll, last, steps, before) if wall > 0 else None
+        extra = (fields[5:] + [0] * 4)[:4]  # before_ms, bytes, rss, gpu: absent from older ranks' lines
+        return cls(rank, at, wall, wait, coll, last, steps, *extra) if wall > 0 else None
+
+    @property
+    def text(self) -> str:
+        """The window as its perf line's fields (what parse reads)."""
+        return (f"{self.wall_ms} {self.wait_ms} {self.collectives} {self.last} {self.steps} {self.before_ms} "
+                f"{self.reduced_bytes} {self.rss_mb} {self.gpu_mb}")
 
 
 @dataclass(frozen=True)
@@ -108,49 +117,101 @@ def rank_stats(windows) -> Stats | None:
                  float(sum(w.before_ms for w in ws)))
 
 
+def _by_host(stats: dict[int, Stats], hosts: dict[int, str]) -> dict[str, list[int]]:
+    by_host: dict[str, list[int]] = {}
+    for r in sorted(stats):
+        by_host.setdefault(hosts.get(r, "?"), []).append(r)
+    return by_host
+
+
+def shortfalls(group: list[int], stats: dict[int, Stats], by_host: dict[str, list[int]]) -> dict[str, float] | None:
+    """How far `group` (one rank, or one host's ranks) is from each condition of the rule, in share
+    points: > 0 fails that condition, <= 0 passes it; named when every one passes. None without others.
+    Also the figures the verdict line shows (share, others_wait)."""
+    others = [r for r in stats if r not in group]
+    if not others:
+        return None
+    share = min(1.0, sum(stats[r].last_share for r in group))
+    if len(group) > 1:  # a host against the other hosts, each its ranks together
+        others_share = statistics.median(min(1.0, sum(stats[r].last_share for r in g))
+                                         for h, g in by_host.items() if g != group)
+    else:
+        others_share = statistics.median(stats[r].last_share for r in others)
+    others_wait = statistics.median(stats[r].wait_share for r in others)
+    own_wait = max(stats[r].wait_share for r in group)
+    return {"share": share, "others_share": others_share, "others_wait": others_wait, "own_wait": own_wait,
+            "last_share": LAST_SHARE - share, "last_margin": LAST_MARGIN - (share - others_share),
+            "wait_share": WAIT_SHARE - others_wait, "own_wait_factor": own_wait - OWN_WAIT_FACTOR * others_wait}
+
+
+RULE = ("last_share", "last_margin", "wait_share", "own_wait_factor")
+
+
+def candidates(stats: dict[int, Stats], hosts: dict[int, str]) -> list[list[int]]:
+    """The groups the rule tests, in its order: each multi-rank host (when there are several hosts),
+    then the rank with the highest last share."""
+    by_host = _by_host(stats, hosts)
+    out = [g for g in by_host.values() if len(g) > 1] if len(by_host) > 1 else []
+    return out + [[max(stats, key=lambda r: stats[r].last_share)]]
+
+
 def judge(stats: dict[int, Stats], hosts: dict[int, str], current: Verdict | None, span_s: float) -> Verdict | None:
     """The straggler among ranks with `stats` (rank -> host in `hosts`), or None. `current`: the one
     named now, judged with the looser RECOVER_* thresholds."""
     if len(stats) < 2:
         return None
-    by_host: dict[str, list[int]] = {}
-    for r in sorted(stats):
-        by_host.setdefault(hosts.get(r, "?"), []).append(r)
+    by_host = _by_host(stats, hosts)
 
     def test(group: list[int], loose: bool) -> Verdict | None:
-        others = [r for r in stats if r not in group]
-        if not others:
+        f = shortfalls(group, stats, by_host)
+        if f is None:
             return None
-        share = min(1.0, sum(stats[r].last_share for r in group))
-        if len(group) > 1:  # a host against the other hosts, each its ranks together
-            others_share = statistics.median(min(1.0, sum(stats[r].last_share for r in g))
-                                             for h, g in by_host.items() if g != group)
-        else:
-            others_share = statistics.median(stats[r].last_share for r in others)
-        others_wait = statistics.median(stats[r].wait_share for r in others)
-        own_wait = max(stats[r].wait_share for r in group)
         if loose:
-            if share < RECOVER_LAST_SHARE or others_wait < RECOVER_WAIT_SHARE:
+            if f["share"] < RECOVER_LAST_SHARE or f["others_wait"] < RECOVER_WAIT_SHARE:
                 return None
-        elif (share < LAST_SHARE or share - others_share < LAST_MARGIN or others_wait < WAIT_SHARE
-              or own_wait > OWN_WAIT_FACTOR * others_wait):
+        elif max(f[k] for k in RULE) > 0:
             return None
+        others = [r for r in stats if r not in group]
         mine = statistics.mean(stats[r].compute_ms for r in group)
         theirs = statistics.median(stats[r].compute_ms for r in others)
         host = hosts.get(group[0]) if len(group) > 1 else None
-        return Verdict(tuple(group), host, share, others_wait, mine / theirs if theirs > 0 else float("inf"), span_s,
-                       where_lost(group, others, stats))
+        return Verdict(tuple(group), host, f["share"], f["others_wait"],
+                       mine / theirs if theirs > 0 else float("inf"), span_s, where_lost(group, others, stats))
 
     if current is not None:  # still there?
         return test(list(current.ranks), loose=True)
-    if len(by_host) > 1:
-        for host, group in by_host.items():
-            if len(group) > 1:
-                v = test(group, loose=False)
-                if v is not None:
-                    return v
-    best = max(stats, key=lambda r: stats[r].last_share)
-    return test([best], loose=False)
+    for group in candidates(stats, hosts):
+        v = test(group, loose=False)
+        if v is not None:
+            return v
+    return None
+
+
+@dataclass(frozen=True)
+class Slack:
+    """How close a healthy job came to a verdict at one evaluation: the candidate nearest to being named
+    and, for it, the largest shortfall over the rule's conditions (every one must pass to name it: this
+    is how much the binding one must still move, in share points). > 0: no verdict."""
+    slack: float
+    ranks: tuple[int, ...]
+    binding: str            # the condition with that shortfall (RULE)
+    figures: dict
+
+
+def closest(stats: dict[int, Stats], hosts: dict[int, str]) -> Slack | None:
+    """The rule's margin now (see Slack); None with fewer than two ranks."""
+    if len(stats) < 2:
+        return None
+    by_host = _by_host(stats, hosts)
+    best = None
+    for group in candidates(stats, hosts):
+        f = shortfalls(group, stats, by_host)
+        if f is None:
+            continue
+        binding = max(RULE, key=lambda k: f[k])
+        if best is None or f[binding] < best.slack:
+            best = Slack(f[binding], tuple(group), binding, {k: round(v, 4) for k, v in f.items()})
+    return best
 
 
 def where_lost(group: list[int], others: list[int], stats: dict[int, Stats]) -> str:
@@ -201,6 +262,7 @@ class Watch:
     current: Verdict | None = None
     seen: list[Verdict] = field(default_factory=list)
     totals: dict[int, list] = field(default_factory=dict)  # rank -> [wall_ms, wait_ms, coll, last]
+    lowest: Slack | None = None  # the rule's smallest margin seen while no straggler was named (closest())
 
     def on_window(self, rank: int, text: str, now: float) -> list[str]:
         w = Window.parse(rank, text, now)
@@ -225,7 +287,8 @@ class Watch:
             return None
         return json.dumps({"time": round(wall_time, 3), "rank": rank, "host": self.hosts.get(rank), "wall_ms": w.wall_ms,
                            "wait_ms": w.wait_ms, "collectives": w.collectives, "last": w.last, "steps": w.steps,
-                           "before_ms": w.before_ms, "straggler": list(self.current.ranks) if self.current else None})
+                           "before_ms": w.before_ms, "bytes": w.reduced_bytes, "rss_mb": w.rss_mb, "gpu_mb": w.gpu_mb,
+                           "straggler": list(self.current.ranks) if self.current else None})
 
     def evaluate(self, now: float) -> list[str]:
         for q in self.windows.values():
@@ -238,6 +301,10 @@ class Watch:
             return []
         oldest = min(q[0].at - q[0].wall_ms / 1000 for q in self.windows.values())
         v = judge(stats, self.hosts, self.current, min(HORIZON_S, now - oldest))
+        if v is None and self.current is None:
+            m = closest(stats, self.hosts)
+            if m is not None and (self.lowest is None or m.slack < self.lowest.slack):
+                self.lowest = m
         out = []
         if self.current is not None and v is None:
             out.append(recovered(self.current, self.hosts))
@@ -269,3 +336,15 @@ class Watch:
                 lines.append(f"straggler: {who} held the job back; compare the hosts with `trainrun --check --perf`, "
                              f"or leave it out with `--exclude {h}`")
         return lines
+
+
+def replay(records) -> Watch:
+    """A Watch fed the windows of --output-dir's straggler.jsonl records (dicts, in file order), on their
+    wall-clock stamps: what the launcher saw, for margins after the fact (scripts/straggler_healthy.py)."""
+    records = list(records)
+    w = Watch({r["rank"]: r["host"] for r in records})
+    for r in records:
+        win = Window(r["rank"], r["time"], r["wall_ms"], r["wait_ms"], r["collectives"], r["last"], r["steps"],
+                     r.get("before_ms", 0), r.get("bytes", 0), r.get("rss_mb", 0), r.get("gpu_mb", 0))
+        w.on_window(r["rank"], win.text, r["time"])
+    return w
