@@ -5,7 +5,7 @@
 1. Step cost: `trainrun -np 2` runs this file as a worker: a torch DistributedOptimizer over a model of
    100 parameter tensors (50 Linear(64, 64) layers: weights and biases), the step (forward, backward,
    synchronize, SGD step) timed with perf_counter. Blocks of steps alternate between the engine's
-   measurement on and off (Engine.measure, the flag TRAINRUN_STRAGGLER=0 clears at init), in step on both
+   measurement on and off (Engine.meter.on, the flag TRAINRUN_STRAGGLER=0 clears at init), in step on both
    ranks, so one run holds both and the machine's load hits both alike. Reported: median step time of
    each and their ratio (on/off), plus the median of per-block-pair ratios.
 2. Time to the line: `trainrun -np N` of tests/process/workers/straggler_job.py, where rank N-1 sleeps
@@ -52,7 +52,7 @@ def worker(steps_per_block: int, blocks: int) -> None:
         opt.step()
     for b in range(blocks):
         on = b % 2 == 0
-        engine.measure = on
+        engine.meter.on = on
         block = []
         for _ in range(steps_per_block):
             t = time.perf_counter()
@@ -64,7 +64,7 @@ def worker(steps_per_block: int, blocks: int) -> None:
         if not on:
             pairs.append(statistics.median(prev) / statistics.median(block))
         prev = block
-    engine.measure = True
+    engine.meter.on = True
     if hvd.rank() == 0:
         print("RESULT " + json.dumps({"on": statistics.median(times[True]), "off": statistics.median(times[False]),
                                       "pairs": pairs, "steps": len(times[True]) + len(times[False])}), flush=True)

@@ -41,10 +41,10 @@ class Counters:
 
 def read(engine, t_ns: int) -> Counters | None:
     """The engine's counters now (None when it does not measure)."""
-    if not getattr(engine, "measure", False):
+    m = getattr(engine, "meter", None)  # (runtime/meter.py)
+    if m is None or not m.on:
         return None
-    return Counters(t_ns, engine.wait_ns, engine.waits, engine.collectives, engine.last, engine.steps, engine.before_ns,
-                    getattr(engine, "reduced_bytes", 0))
+    return Counters(t_ns, m.wait_ns, m.waits, m.collectives, m.last, m.steps, m.before_ns, m.reduced_bytes)
 
 
 def memory() -> tuple[int, int]:

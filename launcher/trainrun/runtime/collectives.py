@@ -1,6 +1,6 @@
 """Run one coordinator response on this rank: the NumPy-side work around the backend's MPI calls.
 
-`execute(kind, reqs, info)` is called by the engine for every response, in the same order on every
+`execute(kind, names, reqs, info)` is called by the engine (dispatch.py) for every CPU response, in the same order on every
 rank; `reqs` are this rank's Requests for the response's names (None for a name this rank has not
 submitted, which happens only for allreduce after this rank called join(): it contributes zeros).
 It returns one result per request (the output array; (output, received_splits) for alltoall; the last
@@ -22,21 +22,19 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-class Collectives:
-    """This rank's NumPy work for every response, on `backend` (backends.mpi); CUDA responses go to a
-    backends.nccl.NcclCollectives made on the first one."""
+class MpiCollectives:
+    """This rank's NumPy work for every CPU response, on `backend` (backends.mpi.MPIBackend): the
+    backends.Collectives protocol for host memory, plus the engine's fast paths (allreduce_one,
+    allreduce_arrays, allreduce_group) that the dispatch (dispatch.py) calls directly."""
 
     def __init__(self, backend, rank: int, size: int, timeline=None):
         self.backend, self.rank, self.size, self.timeline = backend, rank, size, timeline
         self._fusion = FusionBuffer()
-        self._gpu = None  # backends.nccl.NcclCollectives, created (collectively) on the first CUDA response
         self.reductions = 0  # allreduce calls made on the backend (tests and benchmarks read it)
 
     def close(self) -> None:
-        """Free the NCCL communicator, if one was made (collective: called at engine shutdown)."""
-        if self._gpu is not None:
-            self._gpu.close()
-            self._gpu = None
+        """Free the backend's communicator (collective: called at engine shutdown)."""
+        self.backend.close()
 
     def _span(self, names, phase, t0):
         if self.timeline is not None:
@@ -49,16 +47,6 @@ class Collectives:
         return self.timeline.now() if self.timeline is not None else 0.0
 
     def execute(self, kind: str, names: list[str], reqs: list[Request | None], info) -> list:
-        some = next((r for r in reqs if r is not None), None)
-        device = some.device if some is not None else (info.device if kind == "allreduce" and info else "cpu")
-        if device != "cpu":
-            if self._gpu is None:
-                from trainrun.runtime.backends.nccl import NcclCollectives
-                gpu = some.inp.device if some is not None else "cuda"
-                self._gpu = NcclCollectives(self.backend.comm, self.rank, self.size, gpu)
-            if kind == "allreduce":
-                self.reductions += 1
-            return self._gpu.execute(kind, reqs, info)
         if kind == "allreduce":
             return self.allreduce(names, reqs, info)
         (req,) = reqs

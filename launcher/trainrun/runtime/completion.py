@@ -1,63 +1,79 @@
-"""Completing an engine's handles: results or errors onto handles, their names freed for reuse, and
-sleeping waiters woken; failing everything outstanding when the engine breaks or shuts down.
+"""Completing an engine's handles: results or errors onto handles, their names freed for reuse (the
+request queue's, submissions.py), and sleeping waiters woken; and why the engine broke, if it did.
 
-A mixin of Engine (see Engine.__init__ for the state): `_finish*` run in the thread holding
-`_drive`; `_fail_all` also after the background thread has stopped.
+Owns `_done_cv` (waiters that sleep between polls wait on it; every completion notifies it while
+`_sleepers` is non-zero) and `failure` (public: the error that closed a broken engine, else None).
+`finish*` run in the thread that drives (driver.py's lock); `sleep*` in any thread.
 """
 from __future__ import annotations
 
+import threading
+
 from trainrun.runtime.exceptions import HorovodInternalError
-from trainrun.runtime.ops import Request
+from trainrun.runtime.ops import Handle, Request
+from trainrun.runtime.submissions import RequestQueue
 
 
 class Completion:
-    def _finish_reduced(self, reqs: list[Request], results: list) -> None:
+    def __init__(self, queue: RequestQueue):
+        self._queue = queue
+        self._done_cv = threading.Condition()
+        self._sleepers = 0                     # (under _done_cv)
+        self.failure: BaseException | None = None
+
+    def finish_reduced(self, reqs: list[Request], results: list) -> None:
         """Complete successful reductions (the common case: one request, in as few steps as possible)."""
         if len(reqs) == 1:
             req = reqs[0]
             handle = req.handle
             handle.result = results[0]
-            with self._lock:  # the name is free before `done` shows: a caller may reuse it at once
-                self._names.discard(req.name)
+            self._queue.release_one(req.name)  # the name is free before `done` shows: a caller may reuse it at once
             handle.done = True
             if self._sleepers:
                 with self._done_cv:
                     self._done_cv.notify_all()
             return
-        self._finish(reqs, results, None)
+        self.finish(reqs, results, None)
 
-    def _finish(self, reqs: list[Request], results: list, error: BaseException | None) -> None:
+    def finish(self, reqs: list[Request], results: list, error: BaseException | None) -> None:
         """Complete `reqs` with their results, or all with `error`."""
         for r, res in zip(reqs, results):
             h = r.handle
             h.result, h.error = res, error
-        with self._lock:  # names free before `done` shows (see _finish_reduced)
-            self._names.difference_update(r.name for r in reqs)
+        self._queue.release([r.name for r in reqs])  # names free before `done` shows (see finish_reduced)
         for r in reqs:
             r.handle.done = True
         if self._sleepers:
             with self._done_cv:
                 self._done_cv.notify_all()
 
-    def _fail_all(self, error: BaseException) -> None:
-        """Fail every request this rank has outstanding, at whatever stage, with `error`."""
-        with self._cv:
-            left, self._queue = self._queue, []
-        left += self._fresh + list(self._bycid.values()) + list(self._announced.values())
-        self._fresh, self._bycid, self._mask = [], {}, 0
-        self._announced.clear()
-        self._finish(left, [None] * len(left), error)
+    def broken(self, e: Exception) -> BaseException:
+        """Record why the engine broke (an MPI or internal failure while driving); returns the error
+        every outstanding handle gets."""
+        self.failure = HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}")
+        return self.failure
 
-    def _broken(self, e: Exception) -> None:
-        """An MPI or internal failure while driving: nothing can be trusted to complete any more. The
-        requests being executed when it happened are in no queue any more: their waiters get the same
-        error from `_orphaned` (engine._drive_until)."""
-        self._failure = HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}")
-        with self._cv:
-            self._closed = True
-        self._fail_all(self._failure)
-
-    def _orphaned(self, handle) -> None:
-        """Complete `handle`, which a closed engine will never complete, with the reason it closed."""
-        handle.error = self._failure
+    def orphaned(self, handle: Handle) -> None:
+        """Complete `handle`, which a broken engine will never complete (it was being executed: in no
+        queue any more), with the reason it broke."""
+        handle.error = self.failure
         handle.done = True
+
+    def sleep(self, seconds: float, handle: Handle) -> None:
+        """Sleep up to `seconds` unless `handle` is done; a completion wakes it."""
+        with self._done_cv:
+            if not handle.done:
+                self._sleepers += 1
+                self._done_cv.wait(seconds)
+                self._sleepers -= 1
+
+    def sleep_until(self, ready, timeout: float) -> None:
+        """Sleep until `ready()` holds (checked at once and at every completion) or `timeout` s pass.
+        Counted as a sleeper before `ready()` is read, so a completion after that read notifies it."""
+        with self._done_cv:
+            self._sleepers += 1
+            try:
+                if not ready():
+                    self._done_cv.wait(timeout)
+            finally:
+                self._sleepers -= 1

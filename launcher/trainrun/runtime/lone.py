@@ -74,6 +74,8 @@ class LoneOp:
                     meter.collectives += 1
                     meter.last += waited < LONE_LAST_NS
                 if req is None:
+                    if t0:
+                        meter.reduced_bytes += recv.nbytes
                     self._host.allreduce_arrays(send, recv, meta.op, meta.postscale)
                 else:
                     req.handle.result = self._reduce([req.name], [req])[0]

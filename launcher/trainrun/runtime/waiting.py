@@ -7,7 +7,7 @@ microsecond a waiter polls is taken from a thread that has real work, and a wait
 yields (sched_yield) stays runnable and still takes its fair share. MPICH's own MPI_Wait does not
 help: it busy-polls in its progress loop (scripts/bench_wait.py: the CPU time of a wait for a peer
 2 ms late equals the wait), so "blocking" here means MPI_Test between sleeps, or a condition
-variable where another thread of ours completes the wait (Engine._done_cv).
+variable where another thread of ours completes the wait (completion.Completion.sleep).
 
 Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
 - `spin(age_s, budget_s)`: may a waiter that has waited `age_s` since its last progress keep
@@ -33,6 +33,7 @@ Thread-safe without locks: the sample is a pair of floats replaced whole; a race
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 MODES = ("auto", "spin", "block")
@@ -142,6 +143,47 @@ class Policy:
             age = clock() - start
             if age >= FLOOR_S and not spin(age, budget_s):  # (under the floor every mode polls)
                 sleep(backoff_s(age))
+
+
+class TransferWait:
+    """How the engine's data transfers wait for their MPI request: given to the backend when it is made
+    (backends.mpi.MPIBackend(comm, wait)), the same object for the engine's life.
+
+    In a caller's thread (it drives because it waits) it is `policy.wait_request`. In the engine's
+    background thread (`bind_background`, once, from that thread), which overlaps the training loop,
+    it gives the CPU back between polls while nobody waits on the engine (`blocked()` is 0), so a late
+    peer does not cost this rank's compute a core: it yields while the policy lets it spin
+    (TRANSFER_SPIN_S: under auto, only while the host has a core to spare), then sleeps (spin mode:
+    it only yields, as before); once someone blocks on the engine, the policy's wait."""
+
+    def __init__(self, policy: Policy, blocked):
+        self._policy = policy
+        self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
+        self._background = None      # the background thread's id (bind_background)
+
+    def bind_background(self) -> None:
+        """Called by the engine's background thread as it starts: its transfers yield from then on."""
+        self._background = threading.get_ident()
+
+    def __call__(self, request) -> None:
+        if threading.get_ident() != self._background:
+            self._policy.wait_request(request)
+            return
+        policy = self._policy
+        start = time.monotonic()
+        spins = policy.spins
+        while not self._blocked():
+            if request.Test():
+                return
+            if spins:
+                os.sched_yield()
+                continue
+            age = time.monotonic() - start
+            if policy.spin(age, TRANSFER_SPIN_S):  # (a transfer moves only while polled: see TRANSFER_SPIN_S)
+                os.sched_yield()
+            else:
+                time.sleep(policy.sleep_s(age))
+        policy.wait_request(request)  # someone is blocked on the engine: nothing else to run here
 
 
 def _from_env() -> Policy:

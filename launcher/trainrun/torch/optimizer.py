@@ -190,10 +190,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _make_hook(self, p):
         def hook(*_):
             assert not p.grad.requires_grad
-            engine = self._measured
-            if engine is not None and engine.step_end:  # backward began: the time before the step ends here
-                engine.before_ns += perf_counter_ns() - engine.step_end
-                engine.step_end = 0
+            meter = self._measured
+            if meter is not None and meter.step_end:  # backward began: the time before the step ends here
+                meter.before_ns += perf_counter_ns() - meter.step_end
+                meter.step_end = 0
             if not count_pass(self._allreduce_delay, p):
                 self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
                 return
@@ -273,11 +273,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
         self._handles.clear()
         self._synchronized = True
-        engine = lifecycle.engine(self._process_set)  # (diag/perf.py: steps per window, the time before each)
-        engine.steps += 1
-        if engine.measure:
-            engine.step_end = perf_counter_ns()
-            self._measured = engine
+        meter = lifecycle.engine(self._process_set).meter  # (diag/perf.py: steps per window, the time before each)
+        meter.steps += 1
+        if meter.on:
+            meter.step_end = perf_counter_ns()
+            self._measured = meter
 
     @contextmanager
     def skip_synchronize(self):

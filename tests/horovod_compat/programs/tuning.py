@@ -18,8 +18,8 @@ before = eng.reductions
 handles = [hvd.allreduce_async(np.full(256, i, np.float32), name=f"t{i}") for i in range(8)]
 results = [hvd.synchronize(h) for h in handles]
 assert all((r == i).all() for i, r in enumerate(results))
-print("TUNING " + json.dumps({"rank": hvd.rank(), "threshold": eng._threshold, "capacity": eng._cache.capacity,
-                              "reductions": eng.reductions - before, "cached": len(eng._cache.metas)}), flush=True)
+print("TUNING " + json.dumps({"rank": hvd.rank(), "threshold": eng.fusion_threshold, "capacity": eng.cache_capacity,
+                              "reductions": eng.reductions - before, "cached": len(eng.cache.metas)}), flush=True)
 if "stall" in sys.argv[1:]:
     if hvd.rank() == 0:
         try:

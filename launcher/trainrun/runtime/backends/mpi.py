@@ -4,10 +4,11 @@ Every method is a blocking collective on the backend's private communicator: all
 same methods in the same order (the engine guarantees that). Data-movement methods take byte views,
 so they work for any dtype; reductions take arrays in a wire dtype (see fusion.wire_dtype).
 
-Allreduce, the op gradients use, runs as MPI_Iallreduce completed by the engine's `wait(request)`:
-MPICH's blocking calls spin on the CPU while the peer is late, which starves the training loop
-when communication overlaps backward on a host with no spare core; the engine's wait polls as hard
-as its caller needs (see Engine._yielding_wait). A caller's wait is the waiting policy's
+Allreduce, the op gradients use, runs as MPI_Iallreduce completed by the `wait(request)` the backend
+is given when made (waiting.TransferWait): MPICH's blocking calls spin on the CPU while the peer is
+late, which starves the training loop when communication overlaps backward on a host with no spare
+core; that wait polls as hard as its thread needs (the engine's background thread yields between
+polls while nobody waits on the engine). A caller's wait is the waiting policy's
 (runtime/waiting.py: MPI_Test polls while the wait is young and the host has a core to spare, then
 MPI_Test between short sleeps): measured with MPICH 5 on 2 ranks, MPI_Wait on a 4 KiB Iallreduce
 returns ~2 us later than polling it does (7.5 vs 5.6 us, blocking MPI_Allreduce 6.2 us), and never
@@ -22,7 +23,6 @@ import numpy as np
 from mpi4py import MPI
 
 from trainrun.runtime.ops import Max, Min, Product, Sum
-from trainrun.runtime.waiting import POLICY
 
 _MPI_OPS = {Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
@@ -103,13 +103,12 @@ class SmallAllreduces:
 
 
 class MPIBackend:
-    """Collectives on a duplicate of the world communicator; call `close()` to free it."""
+    """Collectives on a duplicate of `comm`; call `close()` to free it. `wait(request)` completes a
+    nonblocking MPI request (waiting.TransferWait, or a Policy's wait_request)."""
 
-    def __init__(self, comm):
+    def __init__(self, comm, wait):
         self.comm = comm.Dup()
-        # wait(request) completes a nonblocking MPI request: the waiting policy's, unless the engine's
-        # background thread, while it drives, sets a wait that yields the CPU between polls
-        self.wait = POLICY.wait_request
+        self._wait = wait
         self._small = SmallAllreduces(self.comm)
 
     def close(self) -> None:
@@ -120,9 +119,9 @@ class MPIBackend:
         """recv = op over ranks of send (in place on recv when send is None); flat contiguous arrays, as
         every caller in the engine passes (SmallAllreduces keys its buffers by size, not shape)."""
         if recv.nbytes <= SMALL_MAX:
-            self._small.allreduce(send, recv, op, self.wait)
+            self._small.allreduce(send, recv, op, self._wait)
             return
-        self.wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Byte arrays: rank r's `send` (counts[r] bytes) lands at offset sum(counts[:r]) of `recv`."""

@@ -5,7 +5,8 @@ Tested on a GPU machine by tests/runtime/test_gpu.py (CPU-only machines skip it 
 - The library is found as `libnccl.so.2` on the loader path (or already loaded by torch), else in an
   nvidia-nccl-cu* wheel (`nvidia/nccl/lib/`, `nvidia/cu*/lib/`), else next to torch's libraries;
   `available()` never raises.
-- `NcclCollectives` is created by the engine when it runs its first CUDA response, on every rank at
+- `NcclPlane` (the backends.Collectives protocol for CUDA requests, chosen at session start:
+  dispatch.open_planes) creates `NcclCollectives` when it runs its first CUDA response, on every rank at
   the same point of the agreed order: rank 0 makes the unique id, MPI broadcasts it over the data
   communicator, every rank calls ncclCommInitRank on the device of its first CUDA tensor (one GPU
   per rank: pin it with torch.cuda.set_device(local_rank), as Horovod scripts do). NCCL refuses two
@@ -124,8 +125,33 @@ def gpu_operations() -> str:
     return choice or ("nccl" if available() else "mpi")
 
 
+class NcclPlane:
+    """backends.Collectives for CUDA requests: the NCCL communicator is made (collectively, over
+    `mpi_comm`) on the first response, on the device of its first tensor (not known before)."""
+
+    def __init__(self, mpi_comm, rank: int, size: int):
+        self._mpi_comm, self._rank, self._size = mpi_comm, rank, size
+        self._nccl: NcclCollectives | None = None
+        self.reductions = 0
+
+    def execute(self, kind: str, names: list[str], reqs: list, info) -> list:
+        nccl = self._nccl
+        if nccl is None:
+            some = next((r for r in reqs if r is not None), None)
+            nccl = self._nccl = NcclCollectives(self._mpi_comm, self._rank, self._size,
+                                                some.inp.device if some is not None else "cuda")
+        if kind == "allreduce":
+            self.reductions += 1
+        return nccl.execute(kind, reqs, info)
+
+    def close(self) -> None:
+        if self._nccl is not None:
+            self._nccl.close()
+            self._nccl = None
+
+
 class NcclCollectives:
-    """NCCL communicator + stream for this rank; `execute` mirrors Collectives.execute for CUDA requests."""
+    """NCCL communicator + stream for this rank; `execute(kind, reqs, info)` runs one CUDA response."""
 
     def __init__(self, mpi_comm, rank: int, size: int, device):
         """Collective (all ranks, same point of the agreed order). `device`: this rank's GPU (the
