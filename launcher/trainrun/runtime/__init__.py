@@ -2,7 +2,7 @@
 
 Modules, from the surface down:
 - api (this surface on NumPy arrays), requests (argument checks, Request builders, op names),
-  state (init/shutdown, topology queries, handles: thin accessors over context), process_sets
+  lifecycle (init/shutdown, topology queries, handles: thin accessors over context), process_sets
   (ProcessSet and the registry of sets), context (the runtime's state in one object: RUNTIME),
   handles (the int handle table), topology (where this rank is).
 - engine (one per process set: submit, run, wait, shutdown; its background thread), driver (the
