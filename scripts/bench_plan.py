@@ -40,10 +40,10 @@ import os, resource, sys, time
 limit = int(os.environ["BENCH_MEM_LIMIT"])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 mode, hostfile, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-from trainrun.cli.config import LaunchConfig
+from trainrun.cli.config import parse_config
 from trainrun.plan.planner import make_plan, shape_job
 t0 = time.perf_counter()
-cfg = LaunchConfig(command=("train.py",), hostfile=hostfile, num_proc=n)
+cfg = parse_config(("train.py",), hostfile=hostfile, num_proc=n)
 shape = shape_job(cfg, cfg.host_specs())
 plan = make_plan(cfg, shape, {}, "n00000", job_id="bench")
 if mode == "elastic":

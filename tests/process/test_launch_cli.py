@@ -195,6 +195,9 @@ BAD_USAGE = [
     (["-x", "=2", "-np", "1", "true"], ["-x"]),
     (["-x", "TRAINRUN_TEST_SURELY_UNSET", "-np", "1", "true"], ["TRAINRUN_TEST_SURELY_UNSET", "not set"]),
     (["--gpus-per-proc", "0", "-np", "1", "true"], ["--gpus-per-proc"]),
+    (["--network-interface", "eth0,", "-np", "1", "true"], ["--network-interface eth0,", "not a NIC name"]),
+    (["--exclude", "h1:gpu0", "-np", "1", "true"], ["--exclude entry 'h1:gpu0'"]),
+    (["--ranks", "x", "-np", "1", "true"], ["--ranks x", "'x' is not a rank"]),
 ]
 
 
@@ -366,6 +369,21 @@ def test_export_is_checked_before_any_host_is_reached(run_trainrun, export, need
     """Before: the hosts were reached first (here: a dns failure, exit 3) and -x was read only when planning."""
     run = run_trainrun("-H", "no-such-host.invalid:1", "-x", export, "true", env=base_env(TRAINRUN_TEST_SURELY_UNSET=None))
     assert_one_line_error(run, 2, f"-x {export.split('=')[0]}", needle)
+
+
+@pytest.mark.parametrize("option, needle", [("--network-interface=eth0,,eth1", "not a NIC name"),
+                                            ("--ranks=1-x", "not a rank"), ("--exclude=a@b", "--exclude entry")])
+def test_option_strings_are_parsed_before_any_host_is_reached(run_trainrun, option, needle):
+    """Parsed once where argv is read (cli/config.parse_config): a bad value is exit 2 before the hosts are
+    reached (here a DNS failure, exit 3), not found later by the layer that uses it."""
+    assert_one_line_error(run_trainrun("-H", "no-such-host.invalid:1", option, "true"), 2, needle)
+
+
+def test_config_file_strings_are_parsed_like_flags(run_trainrun, tmp_path):
+    cfg = write(tmp_path, "run.yaml", "np: 1\nnetwork-interface: 'eth0,,eth1'\n")
+    assert_one_line_error(run_trainrun("--config", cfg, "true"), 2, "--network-interface eth0,,eth1", "not a NIC name")
+    cfg = write(tmp_path, "run.yaml", "hosts: [localhost:1, 'bad host']\n")
+    assert_one_line_error(run_trainrun("--config", cfg, "true"), 2, "-H entry 'bad host'")
 
 
 def test_sigint_stops_planning_when_started_with_sigint_ignored(tmp_path):

@@ -1,12 +1,12 @@
 """The elastic options as LaunchConfig sees them: defaults, usage errors with one-line messages."""
 import pytest
 
-from trainrun.cli.config import LaunchConfig
+from trainrun.cli.config import parse_config
 from trainrun.errors import UsageError
 
 
 def cfg(**kw):
-    return LaunchConfig(command=("train.py",), **kw)
+    return parse_config(("train.py",), **kw)
 
 
 def test_max_restarts_defaults_to_0_and_to_unlimited_with_elastic_sizing():

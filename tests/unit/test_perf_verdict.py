@@ -17,7 +17,7 @@ from trainrun.check.perf_verdict import (
     round_robin,
     suspect_pairs,
 )
-from trainrun.cli.config import LaunchConfig
+from trainrun.cli.config import parse_config
 from trainrun.errors import UsageError
 from trainrun.facts.model import HostFacts
 from trainrun.net.linkbench import parse_gpu_state
@@ -132,8 +132,8 @@ def test_exclude_hosts_and_gpus():
     with pytest.raises(UsageError, match="leaves no host"):
         apply_exclude(specs, parse_exclude("h1,h2,h3"))
     with pytest.raises(UsageError, match="expected HOST or HOST:GPU"):
-        LaunchConfig(command=("x",), hosts="h1", exclude="h1:gpu0")
-    cfg = LaunchConfig(command=("x",), hosts="h1:2,h2:2", exclude="h2,h1:0")
+        parse_config(("x",), hosts="h1", exclude="h1:gpu0")
+    cfg = parse_config(("x",), hosts="h1:2,h2:2", exclude="h2,h1:0")
     assert [h.name for h in cfg.host_specs()] == ["h1"]
     facts = {"h1": HostFacts("h1", 4, "python", "0", gpus=(0, 1, 2))}
     assert [a.gpus for a in assign(cfg, shape_job(cfg, cfg.host_specs()), facts)] == [(1,), (2,)]
@@ -141,10 +141,10 @@ def test_exclude_hosts_and_gpus():
 
 def test_perf_flags_need_check():
     with pytest.raises(UsageError, match="--perf goes with --check"):
-        LaunchConfig(command=("x",), hosts="h1", perf=True)
+        parse_config(("x",), hosts="h1", perf=True)
     with pytest.raises(UsageError, match="go with --perf"):
-        LaunchConfig(command=(), hosts="h1", check=True, perf_strict=True)
-    assert LaunchConfig(command=(), hosts="h1", check=True, perf=True, perf_time=30.0).perf_time == 30.0
+        parse_config((), hosts="h1", check=True, perf_strict=True)
+    assert parse_config((), hosts="h1", check=True, perf=True, perf_time=30.0).perf_time == 30.0
 
 
 def test_link_seconds_follow_the_budget():

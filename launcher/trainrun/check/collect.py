@@ -10,6 +10,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainrun.check.report import CheckReport, HostCheck, evaluate
 from trainrun.errors import HostError, UsageError
@@ -18,6 +19,9 @@ from trainrun.fanout.python_pick import NO_PYTHON, no_python_error
 from trainrun.net.choice import probe_nics, save_nic_choice
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.planner import JobShape, assign, requested_np, shape_job
+
+if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def _progress(done: int, total: int) -> None:
         sys.stderr.flush()
 
 
-def collect_hosts(hosts: list[HostSpec], cfg, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
+def collect_hosts(hosts: list[HostSpec], cfg: LaunchConfig, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
     """Every host's HostCheck (in the given order) and, with `serve`, the reached remote hosts' running
     probe servers ({host: ProbeServer}; the caller closes their channels)."""
     remote = [h for h in hosts if not h.is_local or (engine is not None and engine.reaches_local)]
@@ -141,7 +145,7 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
     return rows
 
 
-def run_check(cfg) -> CheckReport:
+def run_check(cfg: LaunchConfig) -> CheckReport:
     from trainrun.fanout.select import engine_for, host_source
 
     source = host_source(cfg, os.environ)
@@ -168,7 +172,7 @@ def run_check(cfg) -> CheckReport:
             problems.append("the NIC probe needs every host reached remotely; list this machine by a remote-reachable name")
         nic_names = [r.name for r in routable]
         if cfg.network_interface:
-            pinned = cfg.network_interface.split(",")
+            pinned = list(cfg.network_interface)
             missing = [n for n in pinned if n not in nic_names]
             if need_nic and missing:
                 problems.append(f"--network-interface {','.join(missing)}: not routable between all hosts (routable: {', '.join(nic_names) or 'none'})")
@@ -198,7 +202,7 @@ def run_check(cfg) -> CheckReport:
             engine.close()
 
 
-def ps_step(cfg, ranks, checks: list[HostCheck], nics: list[str], engine, problems: list[str]) -> list[tuple]:
+def ps_step(cfg: LaunchConfig, ranks, checks: list[HostCheck], nics: list[str], engine, problems: list[str]) -> list[tuple]:
     """`--check --tf-cluster`: the roles placed as the launch places them, each host's ports (its table rows),
     and every host reaching every ps on its port (problems appended). `engine`: None for a one-machine job
     (checked in this process); a job mixing this machine with remote hosts lists the ports only."""
@@ -223,7 +227,7 @@ def ps_step(cfg, ranks, checks: list[HostCheck], nics: list[str], engine, proble
     return port_rows(tasks, ranks, workers)
 
 
-def perf_step(cfg, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):
+def perf_step(cfg: LaunchConfig, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):
     """`--perf`: the measurements (check/perf.py) when the job could run and every host is reached through
     the engine; otherwise only the sameness table from the facts, with the reason the rest was skipped."""
     from trainrun.check.perf import run_perf, versions_table

@@ -31,6 +31,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from trainrun.check.perf_verdict import (
     COMPUTE_FRACTION,
@@ -42,6 +43,10 @@ from trainrun.check.perf_verdict import (
     round_robin,
     suspect_pairs,
 )
+from trainrun.plan.hosts import format_hosts
+
+if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
 
 DEFAULT_SECONDS = 0.5
 CLOCK_TRIES = 5
@@ -127,7 +132,7 @@ def link_seconds(perf_time: float | None, rounds: int, nics: int, hosts: int, co
     return max(0.1, min(3.0, (per_round_nic - ROUND_OVERHEAD_S) / 2))
 
 
-def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
+def run_perf(cfg: LaunchConfig, engine, facts: dict, routable: list) -> PerfResult:
     """Measure the hosts of `facts` ({host: HostFacts}, all reached through `engine`) on the `routable` NICs
     (net.nics.RoutableNic). Never raises for a host's failure: it becomes a sample's error or `skipped`."""
     t_start = time.monotonic()
@@ -139,7 +144,7 @@ def run_perf(cfg, engine, facts: dict, routable: list) -> PerfResult:
     reserve = COLLECTIVE_ESTIMATE_S if collective else 0.0
     deadline = t_start + cfg.perf_time - reserve if cfg.perf_time else None
     result = PerfResult(hosts, nics, versions=versions_table(facts), rounds=len(rounds), seconds_per_direction=seconds,
-                        collective_nic=(cfg.network_interface or "").split(",")[0])
+                        collective_nic=cfg.network_interface[0] if cfg.network_interface else "")
     progress = Progress()
     token = secrets.token_hex(16)
     benches: dict[str, Bench] = {}
@@ -303,14 +308,15 @@ def best_of(old: LinkSample, new: LinkSample) -> LinkSample:
     return replace(best, readings=tuple(round(v, 1) for v in readings))
 
 
-def launch_argv(cfg, program: list[str]) -> list[str]:
+def launch_argv(cfg: LaunchConfig, program: list[str]) -> list[str]:
     """`python -m trainrun` with the check's hosts and options, running `program` (the job's own plan)."""
     argv = [sys.executable, "-m", "trainrun", "--prefix", "none", "--mpi", cfg.mpi,
             "--ssh-timeout", str(cfg.ssh_timeout), "--start-timeout", str(cfg.start_timeout)]
-    for flag, value in (("-np", cfg.num_proc), ("-H", cfg.hosts), ("--hostfile", cfg.hostfile),
+    hosts = format_hosts(cfg.hosts) if cfg.hosts is not None else None  # -H or --hostfile's hosts, as -H
+    for flag, value in (("-np", cfg.num_proc), ("-H", hosts),
                         ("-p", cfg.ssh_port), ("-i", cfg.ssh_identity_file), ("--ssh-config", cfg.ssh_config),
-                        ("--python", cfg.python), ("--network-interface", cfg.network_interface),
-                        ("--exclude", cfg.exclude), ("--gpus-per-proc", cfg.gpus_per_proc)):
+                        ("--python", cfg.python), ("--network-interface", ",".join(cfg.network_interface) or None),
+                        ("--exclude", str(cfg.exclude) or None), ("--gpus-per-proc", cfg.gpus_per_proc)):
         if value is not None:
             argv += [flag, str(value)]
     for flag, on in (("--oversubscribe", cfg.oversubscribe), ("--ssh-strict", cfg.ssh_strict),

@@ -157,7 +157,7 @@ def _load_config(ctx: click.Context, _param, value):
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def cli(command, json_, **options):
     """Launch COMMAND as N ranked processes on one or many hosts."""
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.cli.config import parse_config
     from trainrun.launch import launch
 
     ctx = click.get_current_context()
@@ -173,7 +173,7 @@ def cli(command, json_, **options):
 
         log.enable_verbose()
     try:
-        return launch(LaunchConfig(command=tuple(command), json=json_, **options))
+        return launch(parse_config(command, json=json_, **options))
     except BrokenPipeError:  # a table, report or summary written after the reader left (`| head`): as SIGPIPE
         from trainrun.supervisor.output import SIGPIPE_EXIT, reader_gone
 

@@ -1,5 +1,10 @@
 """LaunchConfig: every launch option as one typed, validated value; and YAML config files.
 
+The user's strings are parsed here, once (`parse_config`): `-H` and `--hostfile` into HostSpecs, `--exclude`
+into an Exclusion, `--network-interface` into NIC names, `--ranks` into a rank set, `-x` into (name, value)
+pairs. LaunchConfig holds only such typed values (paths and program words aside), so no later layer parses
+an option again.
+
 A `--config FILE.yaml` may set any option by its CLI name (`np`, `hosts`, `grace`, `output-dir`,
 `x`, ... with dashes or underscores); the command line overrides the file. Keys are checked against
 the CLI's own options and values converted by the CLI's own types, so the file and the flags can
@@ -8,18 +13,30 @@ never disagree about what is valid.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import click
 
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
+from trainrun.plan.hosts import Exclusion, HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
 from trainrun.plan.roles import RoleCounts
+
+if TYPE_CHECKING:
+    from trainrun.supervisor.restart_policy import ElasticSettings
+
+Export = tuple[str, "str | None"]  # -x NAME=VALUE -> (NAME, VALUE); -x NAME -> (NAME, None): the launcher's value
 
 
 class _NotElastic:
     """elastic_settings() of a launch with no elastic option."""
 
     enabled = False
+
+    def to_json(self) -> dict[str, object]:
+        return {}
+
+    def describe(self) -> str:
+        return ""
 
 
 NOT_ELASTIC = _NotElastic()
@@ -29,18 +46,18 @@ NOT_ELASTIC = _NotElastic()
 class LaunchConfig:
     command: tuple[str, ...]
     num_proc: int | None = None
-    hosts: str | None = None
-    hostfile: str | None = None
+    hosts: tuple[HostSpec, ...] | None = None  # -H's hosts, or --hostfile's (read by parse_config)
+    hostfile: str | None = None  # the path --hostfile named (for messages: the hosts are in `hosts`)
     oversubscribe: bool = False
     gpus_per_proc: int | None = None
     allow_gpu_sharing: bool = False
-    bind_to: str = "none"
-    export: tuple[str, ...] = ()
+    bind_to: Literal["none", "core"] = "none"
+    export: tuple[Export, ...] = ()
     horovod: str | None = None  # --horovod: trainrun | installed (None: TRAINRUN_HOROVOD, else trainrun)
     prefix: str = "rank"
     output_dir: str | None = None
     fold: bool = False
-    show_ranks: str | None = None
+    show_ranks: frozenset[int] | None = None  # --ranks (None: every rank's output)
     hang_timeout: float | None = None
     grace: float = 3.0
     mpi: str = "mpich"
@@ -54,7 +71,7 @@ class LaunchConfig:
     heartbeat_timeout: float = 15.0
     python: str | None = None
     workdir: str | None = None
-    network_interface: str | None = None
+    network_interface: tuple[str, ...] = ()  # --network-interface's NICs (): the probe chooses
     no_cache: bool = False
     max_restarts: int | None = None
     min_np: int | None = None
@@ -66,17 +83,15 @@ class LaunchConfig:
     perf: bool = False
     perf_strict: bool = False
     perf_time: float | None = None
-    exclude: str | None = None
+    exclude: Exclusion = Exclusion()
     dry_run: bool = False
     json: bool = False
     verbose: bool = False
     engine: str = "auto"
     tf_cluster: RoleCounts | None = None  # --tf-cluster: a TensorFlow parameter-server cluster (plan/roles.py)
 
-    def __post_init__(self):
-        if self.hosts and self.hostfile:
-            raise UsageError("-H and --hostfile both given; use one of them")
-        if self.host_discovery_script and (self.hosts or self.hostfile):
+    def __post_init__(self) -> None:
+        if self.host_discovery_script and self.hosts is not None:
             raise UsageError("--host-discovery-script and -H/--hostfile both given; the script lists the hosts, use one of them")
         self._check_elastic()
         self._check_tf_cluster()
@@ -86,22 +101,14 @@ class LaunchConfig:
             raise UsageError("--perf-strict and --perf-time go with --perf; write --check --perf --perf-strict")
         if self.perf and not self.check:
             raise UsageError("--perf goes with --check; write trainrun -H ... --check --perf")
-        parse_exclude(self.exclude)  # a bad entry is a usage error before anything starts
-        if self.show_ranks is not None:
-            self.shown_ranks()
 
-    def shown_ranks(self, size: int | None = None) -> frozenset[int] | None:
-        """--ranks as a set (None: every rank); UsageError if it is not a rank list or names a rank >= size."""
-        if self.show_ranks is None:
-            return None
-        from trainrun.rankset import format_ranks, parse_ranks
+    def shown_ranks(self, size: int) -> frozenset[int] | None:
+        """--ranks (None: every rank); UsageError if it names a rank >= size (the job's size is known late)."""
+        ranks = self.show_ranks
+        if ranks is not None and (beyond := [r for r in ranks if r >= size]):
+            from trainrun.rankset import format_ranks
 
-        try:
-            ranks = parse_ranks(self.show_ranks)
-        except ValueError as err:
-            raise UsageError(f"--ranks {self.show_ranks}: {err}") from None
-        if size is not None and (beyond := [r for r in ranks if r >= size]):
-            raise UsageError(f"--ranks {self.show_ranks}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
+            raise UsageError(f"--ranks {format_ranks(ranks)}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
         return ranks
 
     def _check_elastic(self) -> None:
@@ -140,7 +147,7 @@ class LaunchConfig:
         return ((self.max_restarts is not None and self.tf_cluster is None) or self.min_np is not None
                 or self.max_np is not None or self.host_discovery_script is not None)
 
-    def elastic_settings(self):
+    def elastic_settings(self) -> ElasticSettings | _NotElastic:
         """The elastic options as one ElasticSettings (supervisor/restart_policy.py). --max-restarts defaults to 0,
         or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script)."""
         if not self.elastic:
@@ -162,10 +169,8 @@ class LaunchConfig:
             from trainrun.supervisor.discovery import run_script
 
             specs = run_script(self.host_discovery_script)
-        elif self.hosts:
-            specs = parse_hosts_arg(self.hosts)
-        elif self.hostfile:
-            specs = read_hostfile(self.hostfile)
+        elif self.hosts is not None:
+            specs = list(self.hosts)
         elif (np := self.num_proc or (self.tf_cluster and self.tf_cluster.total)) is None:
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         else:
@@ -174,21 +179,18 @@ class LaunchConfig:
 
     def without_excluded(self, specs: list[HostSpec]) -> list[HostSpec]:
         """`specs` less the hosts --exclude names (a Slurm allocation's hosts go through here too)."""
-        return apply_exclude(specs, parse_exclude(self.exclude)) if self.exclude else specs
+        return apply_exclude(specs, self.exclude) if self.exclude else specs
 
-    def exported_env(self, environ) -> dict[str, str]:
+    def exported_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment), and TRAINRUN_HOROVOD
         (--horovod, else the launcher's or -x's TRAINRUN_HOROVOD, else trainrun; UsageError for another value)."""
         out = {}
-        for item in self.export:
-            name, sep, value = item.partition("=")
-            if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
-                raise UsageError(f"-x {item}: '{name}' is not a variable name; write -x NAME=VALUE or -x NAME")
-            if not sep:
+        for name, given in self.export:
+            if given is None:
                 if name not in environ:
                     raise UsageError(f"-x {name}: not set in the launcher's environment; write -x {name}=VALUE")
-                value = environ[name]
-            out[name] = value
+                given = environ[name]
+            out[name] = given
         from trainrun._horovod import VARIABLE, choice
 
         try:  # every rank's env says which `horovod` it imports (--dry-run shows it; supervisor/local.py acts on it)
@@ -196,6 +198,53 @@ class LaunchConfig:
         except ValueError as e:
             raise UsageError(str(e)) from None
         return out
+
+
+def parse_config(command: Sequence[str], *, hosts: str | None = None, hostfile: str | None = None,
+                 exclude: str | None = None, network_interface: str | None = None, show_ranks: str | None = None,
+                 export: Sequence[str] = (), **typed: Any) -> LaunchConfig:
+    """The one place the user's option strings become typed values (argv and YAML alike, and trainrun.run's
+    options): -H / --hostfile (the file is read here), --exclude, --network-interface, --ranks, -x. `typed`:
+    the options click has already converted (numbers, choices, flags, paths). Raises UsageError (one line)."""
+    if hosts and hostfile:
+        raise UsageError("-H and --hostfile both given; use one of them")
+    if typed.get("host_discovery_script") and (hosts or hostfile):
+        raise UsageError("--host-discovery-script and -H/--hostfile both given; the script lists the hosts, use one of them")
+    specs = tuple(parse_hosts_arg(hosts)) if hosts else tuple(read_hostfile(hostfile)) if hostfile else None
+    return LaunchConfig(command=tuple(command), hosts=specs, hostfile=hostfile or None,
+                        exclude=parse_exclude(exclude), network_interface=parse_nics(network_interface),
+                        show_ranks=_parse_shown(show_ranks), export=tuple(parse_export(x) for x in export), **typed)
+
+
+def parse_nics(text: str | None) -> tuple[str, ...]:
+    """`--network-interface eth0[,eth1]` -> the NIC names; UsageError for an empty entry or a name Linux
+    cannot have (at most 15 characters, no '/' or blank)."""
+    if not text:
+        return ()
+    names = tuple(n.strip() for n in text.split(","))
+    for name in names:
+        if not name or len(name) > 15 or any(c in name for c in "/ \t") or name in (".", ".."):
+            raise UsageError(f"--network-interface {text}: '{name}' is not a NIC name; write e.g. --network-interface eth0,eth1")
+    return names
+
+
+def _parse_shown(text: str | None) -> frozenset[int] | None:
+    if text is None:
+        return None
+    from trainrun.rankset import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as err:
+        raise UsageError(f"--ranks {text}: {err}") from None
+
+
+def parse_export(item: str) -> Export:
+    """`-x NAME=VALUE` -> (NAME, VALUE); `-x NAME` -> (NAME, None). UsageError for a name no variable has."""
+    name, sep, value = item.partition("=")
+    if not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise UsageError(f"-x {item}: '{name}' is not a variable name; write -x NAME=VALUE or -x NAME")
+    return name, value if sep else None
 
 
 def _aliases(command: click.Command) -> dict[str, click.Parameter]:

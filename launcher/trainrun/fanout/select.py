@@ -16,6 +16,7 @@ from trainrun.errors import UsageError
 from trainrun.plan.hosts import HostSpec
 
 if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.base import FanoutEngine
 
 
@@ -28,7 +29,7 @@ class HostSource:
     allocation: object = None    # the slurm.allocation.Allocation, when the hosts or the engine are Slurm's
 
 
-def host_source(cfg, environ: Mapping[str, str]) -> HostSource:
+def host_source(cfg: LaunchConfig, environ: Mapping[str, str]) -> HostSource:
     """Raises UsageError for --engine slurm outside an allocation, or a malformed Slurm environment."""
     alloc = None
     if cfg.engine != "ssh" and ("SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ):
@@ -41,10 +42,9 @@ def host_source(cfg, environ: Mapping[str, str]) -> HostSource:
     if cfg.host_discovery_script:
         return HostSource(cfg.host_specs(), "ssh", "hosts from --host-discovery-script (its list now; it runs again "
                           "every second)", allocation=alloc)
-    given = bool(cfg.hosts or cfg.hostfile)
-    if given:
+    if cfg.hosts is not None:
         engine = "slurm" if cfg.engine == "slurm" else "ssh"
-        flag = "-H" if cfg.hosts else "--hostfile"
+        flag = "--hostfile" if cfg.hostfile else "-H"
         return HostSource(cfg.host_specs(), engine, f"hosts from {flag}, reached over {engine}", allocation=alloc)
     if alloc is not None:
         hosts = cfg.without_excluded([HostSpec(h.name, h.slots) for h in alloc.hosts])
@@ -54,7 +54,7 @@ def host_source(cfg, environ: Mapping[str, str]) -> HostSource:
     return HostSource(cfg.host_specs(), "ssh", "no hosts given: this machine")
 
 
-def engine_for(cfg, source: HostSource) -> FanoutEngine:
+def engine_for(cfg: LaunchConfig, source: HostSource) -> FanoutEngine:
     """The engine that reaches this job's remote hosts. SSH imports paramiko (only jobs with remote hosts)."""
     python = cfg.python or sys.executable
     if source.engine == "slurm":

@@ -10,10 +10,13 @@ import hashlib
 import json
 import os
 import time
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from trainrun.facts.model import HostFacts
 from trainrun.plan.hosts import HostSpec
+
+if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
 
 CACHE_TTL = 3600.0
 
@@ -38,13 +41,13 @@ def probe_nics(engine, hosts: list[str], python, include_excluded: bool = False,
     return result.routable(include_excluded), result.reports, result.failures()
 
 
-def choose_nics(cfg, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
+def choose_nics(cfg: LaunchConfig, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
     """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host.
     When this machine is one of the hosts and `engine` cannot reach it (SSH), its side of the probe runs here
     as a child process: a launch from one of the hosts gets the same choice as one from outside them.
     `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
     if cfg.network_interface:
-        return tuple(cfg.network_interface.split(","))
+        return cfg.network_interface
     if len(hosts) < 2 or any(h.name not in facts for h in hosts):
         return ()
     local = {h.name for h in hosts if h.is_local}
@@ -64,7 +67,7 @@ def nics_present(nics, facts: Mapping[str, HostFacts]) -> bool:
     return all((nic := f.nic(name)) is not None and nic.usable for name in nics for f in facts.values())
 
 
-def _cache_path(hosts: list[HostSpec], cfg) -> str:
+def _cache_path(hosts: list[HostSpec], cfg: LaunchConfig) -> str:
     """One cache entry per host set *as reached*: the same names through another ssh config or port
     (another cluster, another testbed) must not share a NIC choice."""
     ident = [",".join(sorted(str(h) for h in hosts)), str(cfg.ssh_config), str(cfg.ssh_port), str(cfg.ssh_identity_file)]
@@ -72,13 +75,13 @@ def _cache_path(hosts: list[HostSpec], cfg) -> str:
     return os.path.join(cache_dir(), f"nics-{key}.json")
 
 
-def save_nic_choice(hosts: list[HostSpec], cfg, nics: list[str]) -> None:
+def save_nic_choice(hosts: list[HostSpec], cfg: LaunchConfig, nics: list[str]) -> None:
     os.makedirs(cache_dir(), exist_ok=True)
     with open(_cache_path(hosts, cfg), "w") as f:
         json.dump({"time": time.time(), "nics": nics}, f)
 
 
-def cached_nic_choice(hosts: list[HostSpec], cfg) -> list[str] | None:
+def cached_nic_choice(hosts: list[HostSpec], cfg: LaunchConfig) -> list[str] | None:
     try:
         with open(_cache_path(hosts, cfg)) as f:
             doc = json.load(f)

@@ -21,6 +21,7 @@ import re
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterable
 
 from trainrun.errors import UsageError
 from trainrun.plan.limits import max_ranks
@@ -144,6 +145,12 @@ def parse_hosts_arg(text: str) -> list[HostSpec]:
     return specs
 
 
+def format_hosts(specs: Iterable[HostSpec]) -> str:
+    """The hosts as `-H` takes them (parse_hosts_arg(format_hosts(s)) == s)."""
+    return ",".join(f"{spec.user + '@' if spec.user else ''}{f'[{spec.name}]' if ':' in spec.name else spec.name}:{spec.slots}"
+                    for spec in specs)
+
+
 def parse_hostfile_text(text: str, path: str) -> list[HostSpec]:
     """Parse hostfile contents; `path` is used in messages only."""
     specs, where = [], []
@@ -228,18 +235,27 @@ def is_local_name(name: str) -> bool:
 class Exclusion:
     """What `--exclude` takes out of a job: whole hosts, and single GPUs of a host (`host:gpu`)."""
 
-    hosts: frozenset = frozenset()
-    gpus: tuple = ()   # (host, gpu id) pairs
+    hosts: frozenset[str] = frozenset()
+    gpus: tuple[tuple[str, int], ...] = ()   # (host, gpu id) pairs
 
-    def gpus_of(self, host: str) -> frozenset:
+    def gpus_of(self, host: str) -> frozenset[int]:
         return frozenset(g for h, g in self.gpus if h == host)
+
+    def __bool__(self) -> bool:
+        """Anything excluded."""
+        return bool(self.hosts or self.gpus)
+
+    def __str__(self) -> str:
+        """As `--exclude` takes it (parse_exclude(str(e)) == e)."""
+        return ",".join([*sorted(self.hosts), *(f"{h}:{g}" for h, g in self.gpus)])
 
 
 def parse_exclude(text: str | None) -> Exclusion:
     """`--exclude h7`, `--exclude h7,h9`, `--exclude h3:1,h3:2` (GPUs 1 and 2 of h3). Raises UsageError."""
     if not text:
         return Exclusion()
-    hosts, gpus = set(), []
+    hosts: set[str] = set()
+    gpus: list[tuple[str, int]] = []
     for entry in text.split(","):
         entry = entry.strip()
         name, sep, gpu = entry.partition(":")

@@ -10,15 +10,43 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping, Protocol
 
 from trainrun.facts.model import NO_FACTS, HostFacts
 from trainrun.plan.envcontract import JobInfo
-from trainrun.plan.hosts import HostSpec, parse_exclude
+from trainrun.plan.hosts import Exclusion, HostSpec
 from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host, shares_gpus
 from trainrun.plan.program import command_argv
-from trainrun.plan.roles import place_roles
+from trainrun.plan.roles import RoleCounts, place_roles
 from trainrun.plan.spec import LaunchPlan, build_plan
+
+
+class PlanOptions(Protocol):
+    """What planning reads of the launch options: cli/config.LaunchConfig's typed fields (a protocol, so that
+    plan/ does not import the layer above it)."""
+
+    @property
+    def command(self) -> tuple[str, ...]: ...
+    @property
+    def num_proc(self) -> int | None: ...
+    @property
+    def tf_cluster(self) -> RoleCounts | None: ...
+    @property
+    def oversubscribe(self) -> bool: ...
+    @property
+    def exclude(self) -> Exclusion: ...
+    @property
+    def gpus_per_proc(self) -> int | None: ...
+    @property
+    def allow_gpu_sharing(self) -> bool: ...
+    @property
+    def python(self) -> str | None: ...
+    @property
+    def workdir(self) -> str | None: ...
+    @property
+    def bind_to(self) -> Literal["none", "core"]: ...
+
+    def exported_env(self, environ: Mapping[str, str]) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -46,33 +74,33 @@ class JobShape:
         return any(h.is_local for h in self.used)
 
 
-def requested_np(cfg, hosts: list[HostSpec], default_np: int | None = None) -> int:
+def requested_np(cfg: PlanOptions, hosts: list[HostSpec], default_np: int | None = None) -> int:
     """-np, else the host source's default (a Slurm allocation's task count), else every slot of the hosts."""
     if cfg.num_proc is not None:
         return cfg.num_proc
-    roles = getattr(cfg, "tf_cluster", None)
+    roles = cfg.tf_cluster
     if roles is not None and roles.total is not None:  # --tf-cluster with every role counted: that many tasks
         return roles.total
     return default_np if default_np is not None else sum(h.slots for h in hosts)
 
 
-def shape_job(cfg, hosts: list[HostSpec], default_np: int | None = None) -> JobShape:
+def shape_job(cfg: PlanOptions, hosts: list[HostSpec], default_np: int | None = None) -> JobShape:
     """Raises UsageError when -np does not fit the slots (without --oversubscribe)."""
     return JobShape(tuple(hosts), tuple(ranks_per_host(hosts, requested_np(cfg, hosts, default_np), cfg.oversubscribe)))
 
 
-def assign(cfg, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
+def assign(cfg: PlanOptions, shape: JobShape, facts: Mapping[str, HostFacts]) -> list[RankAssignment]:
     """Every rank's place; hosts without facts (a dry run's remote hosts) get no GPUs, and GPUs that --exclude
     names (`host:gpu`) are left out of their host's pool. Raises UsageError
     when --gpus-per-proc asks a host for more GPUs than it has (without --allow-gpu-sharing)."""
-    excl = parse_exclude(getattr(cfg, "exclude", None))
+    excl = cfg.exclude
     pools = {h.name: tuple(g for g in facts.get(h.name, NO_FACTS).gpus if g not in excl.gpus_of(h.name)) for h in shape.hosts}
     return assign_ranks(list(shape.hosts), shape.np, oversubscribe=cfg.oversubscribe, gpu_pools=pools,
                         gpus_per_proc=cfg.gpus_per_proc or 1, allow_gpu_sharing=cfg.allow_gpu_sharing,
                         isolate_gpus=cfg.gpus_per_proc is not None)
 
 
-def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
+def make_plan(cfg: PlanOptions, shape: JobShape, facts: Mapping[str, HostFacts], master_addr: str, nics: tuple[str, ...] = (),
               job_id: str | None = None, environ: Mapping[str, str] | None = None, slurm: bool = False,
               addresses: Mapping[str, str] | None = None) -> LaunchPlan:
     """The whole job, decided. MASTER_PORT is the free port rank 0's host reported (29500 without facts).
@@ -82,7 +110,7 @@ def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr:
     rank0 = facts.get(shape.used[0].name, NO_FACTS)
     assignments = assign(cfg, shape, facts)
     addresses = addresses or {h.name: master_addr if i == 0 else h.name for i, h in enumerate(shape.used)}
-    roles = getattr(cfg, "tf_cluster", None)
+    roles = cfg.tf_cluster
     tasks = place_roles(roles, [a.host.name for a in assignments]) if roles is not None else ()
     job = JobInfo(job_id=job_id or os.urandom(6).hex(), master_addr=master_addr, master_port=rank0.free_port,
                   nics=nics, isolate_gpus=cfg.gpus_per_proc is not None, slurm=slurm,
@@ -92,7 +120,7 @@ def make_plan(cfg, shape: JobShape, facts: Mapping[str, HostFacts], master_addr:
     return build_plan(assignments, job, argv, cfg.workdir or os.getcwd(), cfg.exported_env(environ), cfg.bind_to)
 
 
-def gpu_operations(cfg, assignments: list[RankAssignment], environ: Mapping[str, str]) -> str:
+def gpu_operations(cfg: PlanOptions, assignments: list[RankAssignment], environ: Mapping[str, str]) -> str:
     """"mpi" when --allow-gpu-sharing put two ranks on one GPU (NCCL refuses that; the MPI path stages CUDA
     tensors through host memory), unless the user chose with TRAINRUN_/HOROVOD_GPU_OPERATIONS; else ""."""
     chosen = "TRAINRUN_GPU_OPERATIONS" in environ or "HOROVOD_GPU_OPERATIONS" in environ

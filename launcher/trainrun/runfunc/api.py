@@ -69,14 +69,14 @@ def check_argv(argv: list[str]) -> None:
     import click
 
     from trainrun.cli.command import cli
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.cli.config import parse_config
 
     try:
         ctx = cli.make_context("trainrun", list(argv) + ["--", "python"])
     except click.ClickException as err:
         raise UsageError(f"run(): {err.format_message()}") from None
     p = dict(ctx.params)
-    LaunchConfig(command=tuple(p.pop("command")), json=p.pop("json_"), **p)
+    parse_config(p.pop("command"), json=p.pop("json_"), **p)
 
 
 def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None = None, hostfile: str | None = None,

@@ -18,6 +18,7 @@ import sys
 import time
 
 if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
     from trainrun.supervisor.fold import Folded, Folder
 from collections import deque
 
@@ -178,7 +179,7 @@ class OutputSink:
         self._files.clear()
 
 
-def sink_for(cfg, size: int) -> OutputSink:
+def sink_for(cfg: LaunchConfig, size: int) -> OutputSink:
     """The console and --output-dir writer of a job of `size` ranks, as the options ask: --prefix, --ranks,
     --fold. (Raises UsageError for a --ranks beyond the job.)"""
     show = cfg.shown_ranks(size)
