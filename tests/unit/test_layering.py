@@ -1,6 +1,7 @@
 """Imports point down the layers written in docs/architecture.md ("Layers": that table is the one copy of
 the rule; this test reads it from there). A module may import its own layer and the layers below it, never
-one above. Every import counts, also those inside functions (they only postpone the dependency to the first
+one above; and the launcher's side and the ranks' side never import each other (entry points and shared
+layers may be imported by, or import, either). Every import counts, also those inside functions (they only postpone the dependency to the first
 call) and `importlib.import_module("trainrun....")` with a literal name; imports under `if TYPE_CHECKING:`
 do not (annotations only: a lower layer may name the type of a value handed down to it, e.g. LaunchConfig).
 Nothing is imported, so torch, TensorFlow and mpi4py need not be installed."""
@@ -15,9 +16,12 @@ PACKAGE = ROOT / "launcher" / "trainrun"
 DOC = ROOT / "docs" / "architecture.md"
 
 
-def read_layers(doc: str) -> list[tuple[str, list[str]]]:
-    """(layer, its units) top first, from the markdown table after the "## Layers" heading: one row per
-    layer, the units in the second column in backticks (a package, or a module: `supervisor.restarts`;
+SIDES = ("entry", "launcher", "ranks", "shared")
+
+
+def read_layers(doc: str) -> list[tuple[str, str, list[str]]]:
+    """(layer, side, its units) top first, from the markdown table after the "## Layers" heading: one row
+    per layer, its side (SIDES) in the second column, the units in the third in backticks (a package, or a module: `supervisor.restarts`;
     `__init__` is the package root). A module's unit is the longest one that is its name or a prefix of it."""
     section = doc.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
     layers = []
@@ -25,9 +29,10 @@ def read_layers(doc: str) -> list[tuple[str, list[str]]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if len(cells) < 2 or set(cells[0]) <= set("-: ") or cells[0] == "layer":
             continue
-        units = re.findall(r"`([\w.]+)`", cells[1])
+        assert len(cells) >= 3 and cells[1] in SIDES, f"a layer row needs a side of {SIDES}: {line!r}"
+        units = re.findall(r"`([\w.]+)`", cells[2])
         assert units, f"a layer row names no module: {line!r}"
-        layers.append((cells[0], units))
+        layers.append((cells[0], cells[1], units))
     return layers
 
 
@@ -98,12 +103,13 @@ def unit_of(name: str, units: list[str]) -> str | None:
     return max(found, key=len) if found else None
 
 
-def check_layers(root: Path, layers: list[tuple[str, list[str]]]) -> list[str]:
-    """One line per problem: a module in no layer, a unit that names no module, an upward import."""
+def check_layers(root: Path, layers: list[tuple[str, str, list[str]]]) -> list[str]:
+    """One line per problem: a module in no layer, a unit that names no module, an upward import, an
+    import between the launcher's side and the ranks'."""
     modules = module_names(root)
-    rank = {unit: i for i, (_, units) in enumerate(layers) for unit in units}
+    rank = {unit: i for i, (_, _, units) in enumerate(layers) for unit in units}
     units = list(rank)
-    problems = [f"{u}: listed in more than one layer" for u in units if sum(u in us for _, us in layers) > 1]
+    problems = [f"{u}: listed in more than one layer" for u in units if sum(u in us for _, _, us in layers) > 1]
     problems += [f"{u}: no such module or package" for u in units
                  if not any(m == u or m.startswith(u + ".") for m in modules)]
     layer_of = {}
@@ -117,9 +123,15 @@ def check_layers(root: Path, layers: list[tuple[str, list[str]]]) -> list[str]:
         if name not in layer_of:
             continue
         for target, line in imports_of(name, path, modules, root.name):
-            if target in layer_of and layer_of[target] < layer_of[name]:
-                problems.append(f"{path.relative_to(root.parent)}:{line}: {name} ({layers[layer_of[name]][0]}) "
-                                f"imports {target} ({layers[layer_of[target]][0]}), a layer above it")
+            if target not in layer_of:
+                continue
+            (here, side, _), (there, its_side, _) = layers[layer_of[name]], layers[layer_of[target]]
+            if layer_of[target] < layer_of[name]:
+                problems.append(f"{path.relative_to(root.parent)}:{line}: {name} ({here}) "
+                                f"imports {target} ({there}), a layer above it")
+            elif {side, its_side} == {"launcher", "ranks"}:
+                problems.append(f"{path.relative_to(root.parent)}:{line}: {name} ({here}, {side} side) "
+                                f"imports {target} ({there}, {its_side} side)")
     return problems
 
 
@@ -130,7 +142,7 @@ def test_imports_point_down_the_layers_of_the_architecture_doc():
 
 def test_the_table_covers_both_sides_and_the_walk_sees_lazy_imports():
     layers = read_layers(DOC.read_text())
-    units = [u for _, us in layers for u in us]
+    units = [u for _, _, us in layers for u in us]
     for unit in ("cli", "launch", "supervisor", "fanout", "plan", "runtime", "torch", "errors"):
         assert unit in units, unit
     modules = module_names(PACKAGE)
@@ -147,16 +159,23 @@ def test_a_planted_upward_import_fails(tmp_path):
     (pkg / "low" / "base.py").write_text("from typing import TYPE_CHECKING\n"
                                          "if TYPE_CHECKING:\n    from pkg import top\n")
     (pkg / "low" / "special.py").write_text("from . import base\n")
-    doc = ("# x\n\n## Layers\n\n| layer | modules | what |\n|---|---|---|\n| top | `__init__` `top` | t |\n"
-           "| special | `low.special` | s |\n| low | `low` | l |\n\n## Next\n| no | `top` | x |\n")
+    doc = ("# x\n\n## Layers\n\n| layer | side | modules | what |\n|---|---|---|---|\n"
+           "| top | entry | `__init__` `top` | t |\n| special | launcher | `low.special` | s |\n"
+           "| low | shared | `low` | l |\n\n## Next\n| no | entry | `top` | x |\n")
     layers = read_layers(doc)
-    assert layers == [("top", ["__init__", "top"]), ("special", ["low.special"]), ("low", ["low"])]
+    assert layers == [("top", "entry", ["__init__", "top"]), ("special", "launcher", ["low.special"]),
+                      ("low", "shared", ["low"])]
     assert check_layers(pkg, layers) == []  # down, within a layer, and a type-only import up
     (pkg / "low" / "base.py").write_text("def f():\n    from ..low import special\n")
     (pkg / "other.py").write_text("import importlib\nimportlib.import_module('pkg.top')\n")
     assert check_layers(pkg, layers) == [
         "other: in no layer (add it to the Layers table of docs/architecture.md)",
         "pkg/low/base.py:2: low.base (low) imports low.special (special), a layer above it"]
-    layers.append(("base", ["other"]))
+    layers.append(("base", "shared", ["other"]))
     assert check_layers(pkg, layers)[-1] == "pkg/other.py:2: other (base) imports top (top), a layer above it"
-    assert check_layers(pkg, layers + [("gone", ["nothing"])])[0] == "nothing: no such module or package"
+    assert check_layers(pkg, layers + [("gone", "shared", ["nothing"])])[0] == "nothing: no such module or package"
+    (pkg / "low" / "base.py").write_text("")
+    (pkg / "other.py").write_text("from pkg.low import special\n")
+    layers = [layers[0], ("ranks", "ranks", ["other"]), *layers[1:3]]  # down, but across the sides
+    assert check_layers(pkg, layers) == [
+        "pkg/other.py:1: other (ranks, ranks side) imports low.special (special, launcher side)"]
