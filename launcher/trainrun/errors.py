@@ -7,7 +7,8 @@ distinct per kind so scripts can tell them apart:
     2    usage: bad flag, value, hostfile line or config key (click's convention)
     3    a host could not be reached or set up (SSH stages, remote agent)
     4    the connectivity check found the job cannot run
-    124  ranks did not start in time (--start-timeout)
+    124  ranks did not join the MPI world in time (--start-timeout: mpiworld/world.py) or hung
+         (--hang-timeout: supervisor/job.py); a job's result, no exception of this module
     126  program found but not executable (shell convention)
     127  program not found (shell convention; a missing `.py` program too)
 
@@ -68,9 +69,3 @@ class CheckFailed(TrainrunError):
     """`--check` (or the check before a launch) found that the job cannot run."""
 
     exit_code = 4
-
-
-class StartTimeout(TrainrunError):
-    """Ranks did not reach a ready state within --start-timeout."""
-
-    exit_code = 124
