@@ -38,7 +38,6 @@ from trainrun.supervisor.groups import ExitInfo, RankEvents
 
 LOST = 255  # returncode reported for ranks of a host whose agent or connection was lost
 AGENT_PATIENCE = 1  # x heartbeat_timeout, + one beat: how long an agent waits for a silent launcher
-SWEEP_CONNECT_S = 5.0  # at most this long to open the fresh connection to a lost host
 SWEEP_WAIT_S = 20.0  # at most this long for the whole cleanup of a lost host (connect, kill, answer)
 FIRST_BEATS_EVERY, FIRST_BEATS_FOR = 0.2, 3.0  # seconds: more clock samples while the job starts
 
