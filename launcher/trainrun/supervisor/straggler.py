@@ -263,11 +263,16 @@ class Watch:
     seen: list[Verdict] = field(default_factory=list)
     totals: dict[int, list] = field(default_factory=dict)  # rank -> [wall_ms, wait_ms, coll, last]
     lowest: Slack | None = None  # the rule's smallest margin seen while no straggler was named (closest())
+    # supervisor/monitor.Monitor (--monitor, --json): told every window, verdict and the summary; and
+    # text_lines False (--json): the verdict and summary lines go to it alone, not returned for printing
+    listener: object | None = None
+    text_lines: bool = True
 
     def on_window(self, rank: int, text: str, now: float) -> list[str]:
         w = Window.parse(rank, text, now)
         if w is None:
             return []
+        self._tell("on_window", w)
         if rank not in self.started:
             self.started.add(rank)
             return []
@@ -308,15 +313,50 @@ class Watch:
         out = []
         if self.current is not None and v is None:
             out.append(recovered(self.current, self.hosts))
+            self._tell("on_verdict", self.current, out[-1], True)
             self.current = None
         elif self.current is None and v is not None:
             self.current = v
             self.seen.append(v)
             out.append(describe(v, self.hosts))
-        return out
+            self._tell("on_verdict", v, out[-1], False)
+        return out if self.text_lines else []
+
+    def _tell(self, what: str, *args) -> None:
+        """Call the listener; one that fails is dropped (a view must not end the detection, nor the job)."""
+        if self.listener is None:
+            return
+        try:
+            getattr(self.listener, what)(*args)
+        except Exception as err:
+            from trainrun import log
+
+            log.info("straggler listener dropped: %s: %s", type(err).__name__, err)
+            listener, self.listener = self.listener, None
+            try:
+                listener.close()
+            except Exception:  # (it failed already: nothing more to save)
+                pass
+
+    def ranking(self, limit: int = 3) -> list[dict]:
+        """The slowest ranks over the whole job: last share and compute share of wall time, highest first."""
+        share = {r: (t[3] / t[2] if t[2] else 0.0, 1 - (t[1] / t[0] if t[0] else 0.0)) for r, t in self.totals.items()}
+        ranks = sorted(share, key=lambda r: share[r], reverse=True)[:limit]
+        return [{"rank": r, "host": self.hosts.get(r), "last_share": round(share[r][0], 4),
+                 "compute_share": round(share[r][1], 4)} for r in ranks]
 
     def summary(self, limit: int = 3) -> list[str]:
-        """The slowest ranks and hosts over the whole job, with advice; empty if no straggler was seen."""
+        """The slowest ranks and hosts over the whole job, with advice; empty if no straggler was seen.
+        Called when the job ends: the listener is told (and closed first, so that a live view is done
+        before the lines print); with text_lines False it alone gets them."""
+        if self.listener is not None:
+            self._tell("close")
+        lines = self._summary(limit)
+        if self.listener is not None:
+            self._tell("on_summary", lines, self.ranking(limit) if lines else [])
+        return lines if self.text_lines else []
+
+    def _summary(self, limit: int) -> list[str]:
         if not self.seen:
             return []
         share = {r: (t[3] / t[2] if t[2] else 0.0, 1 - (t[1] / t[0] if t[0] else 0.0)) for r, t in self.totals.items()}
