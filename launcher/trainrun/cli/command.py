@@ -151,7 +151,8 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("--perf-time", type=click.FloatRange(min=1), metavar="SECONDS", help="With --perf: total time budget (default: 0.5 s per direction, pair and NIC).")
 @click.option("--exclude", metavar="HOST[,HOST|HOST:GPU]", help="Leave these hosts (or GPUs of a host) out of the job, as --check --perf advises.")
 @click.option("--dry-run", is_flag=True, help="Print the plan, launch nothing.")
-@click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON.")
+@click.option("--monitor", is_flag=True, help="Show a live table of every host's step rate, compute vs wait, last-arriver share, allreduce throughput and memory, the straggler highlighted (plain lines off a terminal).")
+@click.option("--json", "json_", is_flag=True, help="With --dry-run or --check: print JSON. With a job: straggler events as JSON lines on stderr.")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")
 @click.version_option(__version__, "--version", prog_name="trainrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -172,6 +173,10 @@ def cli(command, json_, **options):
         from trainrun import log
 
         log.enable_verbose()
+    if options["monitor"] or json_:  # the live view / JSON events: its module only when asked (import rule)
+        from trainrun.supervisor import monitor
+
+        monitor.REQUESTED = monitor.Requested(options["monitor"], json_)
     try:
         return launch(parse_config(command, json=json_, **options))
     except BrokenPipeError:  # a table, report or summary written after the reader left (`| head`): as SIGPIPE

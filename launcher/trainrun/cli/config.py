@@ -57,6 +57,7 @@ class LaunchConfig:
     prefix: str = "rank"
     output_dir: str | None = None
     fold: bool = False
+    monitor: bool = False
     show_ranks: frozenset[int] | None = None  # --ranks (None: every rank's output)
     hang_timeout: float | None = None
     grace: float = 3.0
@@ -95,8 +96,8 @@ class LaunchConfig:
             raise UsageError("--host-discovery-script and -H/--hostfile both given; the script lists the hosts, use one of them")
         self._check_elastic()
         self._check_tf_cluster()
-        if self.json and not (self.dry_run or self.check):
-            raise UsageError("--json goes with --dry-run (or --check)")
+        if self.monitor and (self.dry_run or self.check):
+            raise UsageError("--monitor shows a running job; it does not go with --dry-run or --check")
         if (self.perf_strict or self.perf_time is not None) and not self.perf:
             raise UsageError("--perf-strict and --perf-time go with --perf; write --check --perf --perf-strict")
         if self.perf and not self.check:
