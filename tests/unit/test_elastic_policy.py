@@ -17,11 +17,10 @@ def test_a_failed_host_sits_out_then_comes_back():
     book = HostBook((2.0, 10.0))
     assert book.fail("h3", now=100.0) == 2.0
     assert not book.available("h3", 101.9) and book.available("h3", 102.0)
-    assert book.next_release(["h1", "h3"], 101.0) == 102.0
     assert book.fail("h3", now=200.0) == 4.0  # the second failure sits out longer
     forever = HostBook(None)
     forever.fail("h1", 0.0)
-    assert not forever.available("h1", 1e9) and forever.next_release(["h1"], 0.0) is None
+    assert not forever.available("h1", 1e9)
 
 
 def test_pick_shrinks_onto_the_hosts_left_and_grows_back():

@@ -91,11 +91,6 @@ class HostBook:
     def available(self, host: str, now: float) -> bool:
         return now >= self.until.get(host, -math.inf)
 
-    def next_release(self, hosts: list[str], now: float) -> float | None:
-        """When the next of `hosts` that sits out comes back (None: none will)."""
-        times = [t for h in hosts if (t := self.until.get(h, -math.inf)) > now and t != math.inf]
-        return min(times) if times else None
-
 
 @dataclass(frozen=True)
 class Pick:
