@@ -65,7 +65,7 @@ def test_different_names_are_matched_by_subnet():
     found = routable_nics(reports, reach(reports))
     assert found == [RoutableNic((("a", "ib0"), ("b", "ib0"))),
                      RoutableNic((("a", "eth0"), ("b", "ens5")), "10.1.0.0/24")]
-    assert found[1].name == "10.1.0.0/24" and found[1].ifname("b") == "ens5"
+    assert found[1].name == "10.1.0.0/24" and dict(found[1].ifnames)["b"] == "ens5"
     assert names(routable_nics(reports, reach(reports, broken={("a", "b", "ens5")}))) == ["ib0"]
 
 

@@ -67,9 +67,6 @@ class RoutableNic:
         names = {n for _, n in self.ifnames}
         return names.pop() if len(names) == 1 else str(self.subnet)
 
-    def ifname(self, host: str) -> str:
-        return dict(self.ifnames)[host]
-
 
 def is_excluded(name: str) -> bool:
     """Container and VM bridges and their veths: not a job's network unless asked for."""
