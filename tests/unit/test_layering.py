@@ -1,10 +1,10 @@
 """Imports point down the layers written in docs/architecture.md ("Layers": that table is the one copy of
 the rule; this test reads it from there). A module may import its own layer and the layers below it, never
-one above; and the launcher's side and the ranks' side never import each other (entry points and shared
-layers may be imported by, or import, either). Every import counts, also those inside functions (they only postpone the dependency to the first
-call) and `importlib.import_module("trainrun....")` with a literal name; imports under `if TYPE_CHECKING:`
-do not (annotations only: a lower layer may name the type of a value handed down to it, e.g. LaunchConfig).
-Nothing is imported, so torch, TensorFlow and mpi4py need not be installed."""
+one above; and the launcher's side and the ranks' side never import each other (the entry points may import
+either, both import the shared layers). Every import counts, also those inside functions (they only postpone
+the dependency to the first call) and `importlib.import_module("trainrun....")` with a literal name; imports
+under `if TYPE_CHECKING:` do not (annotations only: a lower layer may name the type of a value handed down
+to it, e.g. LaunchConfig). Nothing is imported, so torch, TensorFlow and mpi4py need not be installed."""
 from __future__ import annotations
 
 import ast
@@ -14,15 +14,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "launcher" / "trainrun"
 DOC = ROOT / "docs" / "architecture.md"
-
-
 SIDES = ("entry", "launcher", "ranks", "shared")
 
 
 def read_layers(doc: str) -> list[tuple[str, str, list[str]]]:
     """(layer, side, its units) top first, from the markdown table after the "## Layers" heading: one row
-    per layer, its side (SIDES) in the second column, the units in the third in backticks (a package, or a module: `supervisor.restarts`;
-    `__init__` is the package root). A module's unit is the longest one that is its name or a prefix of it."""
+    per layer, its side (SIDES) in the second column, its units in backticks in the third (a package, or a
+    module: `supervisor.restarts`; `__init__` is the package root). A module's unit is the longest one that
+    is its name or a package above it."""
     section = doc.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
     layers = []
     for line in section.splitlines():
