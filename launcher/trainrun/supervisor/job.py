@@ -411,6 +411,10 @@ class Job:
                 try:
                     for line in self.stragglers.summary():
                         log.warning("%s", line)
+                    if self.output_dir:  # DIR/straggler.html from the windows recorded
+                        from trainrun.supervisor.straggler_plot import write_plot
+
+                        write_plot(self.output_dir)
                 except Exception as err:  # (as in on_progress)
                     log.info("straggler summary failed: %s: %s", type(err).__name__, err)
             self._settle()
