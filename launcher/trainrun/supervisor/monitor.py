@@ -6,7 +6,7 @@ channel, no hook in the Job's loop, and everything runs in the loop's thread (no
 
 The view: one row per host (its ranks folded into a rank set; a one-host job gets one row per rank), from
 each rank's latest window: optimizer steps per second (ranks without an optimizer: blocking collectives
-per second, marked `/c`), the share of wall time computing vs blocked in collectives, the last-arriver share
+per second, marked `c`), the share of wall time computing vs blocked in collectives, the last-arriver share
 (a host: its ranks' summed, at most 100%), the allreduce payload per second (the inputs' bytes over the
 window's wall time: what the job pushes through allreduce, not the link's bandwidth), and the memory (the
 ranks' resident sets summed; GPU memory torch allocated, where any). The straggler named now is marked `>`
@@ -98,7 +98,7 @@ def cells(r: Row) -> list[str]:
     """The row's columns as text (the table's and the plain line's)."""
     from trainrun.rankset import format_ranks
 
-    rate = "-" if r.rate is None else f"{r.rate:.1f}" + ("/c" if r.per_collective else "")
+    rate = "-" if r.rate is None else f"{r.rate:.1f}" + ("c" if r.per_collective else "")
     return [("> " if r.straggler else "") + r.label, format_ranks(r.ranks), rate, f"{r.compute:.0%}",
             f"{r.wait:.0%}", f"{r.last:.0%}", human_bytes(r.bytes_per_s) + "/s", memory(r.rss_mb, r.gpu_mb)]
 
@@ -111,7 +111,8 @@ def plain_lines(rs: list[Row]) -> list[str]:
     out = []
     for r in rs:
         c = cells(r)
-        out.append(f"monitor: {c[0]} [{c[1]}]: {c[2]} steps/s, compute {c[3]}, wait {c[4]}, last {c[5]}, "
+        rate = f"{c[2][:-1]} collectives/s" if r.per_collective and r.rate is not None else f"{c[2]} steps/s"
+        out.append(f"monitor: {c[0]} [{c[1]}]: {rate}, compute {c[3]}, wait {c[4]}, last {c[5]}, "
                    f"allreduce {c[6]}, memory {c[7]}" + ("  <- straggler" if r.straggler else ""))
     return out
 
