@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from trainrun.runtime import rounds
 from trainrun.runtime.cache import ResponseCache
@@ -55,8 +56,9 @@ class Driver:
         self._announced: dict[str, Request] = {}
         self._joining = False
         self._abort_sent = False
-        self._inflight = None                    # the MPI request of the round in flight, if any;
-        self._round_send = self._round_recv = None  # that round's buffers (the last round's, after it)
+        self._inflight: Any = None               # the MPI request of the round in flight, if any;
+        self._round_send: bytes | None = None    # that round's buffers (the last round's, after it)
+        self._round_recv: Any = None
         self._round_words = 0
         self.rounds = 0
         self._partial_since: float | None = None

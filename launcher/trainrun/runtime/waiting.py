@@ -159,7 +159,7 @@ class TransferWait:
     def __init__(self, policy: Policy, blocked):
         self._policy = policy
         self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
-        self._background = None      # the background thread's id (bind_background)
+        self._background: int | None = None  # the background thread's id (bind_background)
 
     def bind_background(self) -> None:
         """Called by the engine's background thread as it starts: its transfers yield from then on."""
