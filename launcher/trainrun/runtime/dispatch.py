@@ -20,7 +20,7 @@ def open_planes(comm, rank: int, size: int, timeline, wait) -> tuple[MpiCollecti
     from trainrun.runtime.backends.mpi import MPIBackend
     from trainrun.runtime.backends.nccl import NcclPlane
 
-    backend = MPIBackend(comm, wait)
+    backend = MPIBackend(comm, wait)  # (wait: waiting.TransferWait.wait)
     host = MpiCollectives(backend, rank, size, timeline)
     return host, {"cpu": host, "cuda": NcclPlane(backend.comm, rank, size)}
 

@@ -104,7 +104,7 @@ class Engine:
         self.meter = Meter()
         self._queue = queue = RequestQueue(size)
         transfer_wait = TransferWait(policy, lambda: queue.drivers)
-        self._dispatch = dispatch = Dispatch(*open_planes(comm, rank, size, self._timeline, transfer_wait),
+        self._dispatch = dispatch = Dispatch(*open_planes(comm, rank, size, self._timeline, transfer_wait.wait),
                                              self._timeline, self.meter)
         self.cache = ResponseCache(capacity)
         self._completion = completion = Completion(queue)

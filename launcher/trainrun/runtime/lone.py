@@ -47,6 +47,7 @@ class LoneOp:
         self._policy = policy
         self._wait_all = wait_all
         self._off = timeline is not None
+        self._spin_fn = self._spin  # (bound once: passed to every solo round)
 
     def _spin(self, age: float) -> bool:
         return self._policy.spin(age, WAITER_SPIN_S)
@@ -66,7 +67,7 @@ class LoneOp:
         try:
             if not driver.quiet():
                 return False
-            if driver.solo_round(cid, self._spin):  # every rank has this op and nothing else: run it
+            if driver.solo_round(cid, self._spin_fn):  # every rank has this op and nothing else: run it
                 if t0:  # (diag/perf.py) its round completed at once: this rank came last
                     waited = perf_counter_ns() - t0
                     meter.wait_ns += waited

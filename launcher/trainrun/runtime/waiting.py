@@ -33,8 +33,8 @@ Thread-safe without locks: the sample is a pair of floats replaced whole; a race
 from __future__ import annotations
 
 import os
-import threading
 import time
+from threading import get_ident as _get_ident
 
 MODES = ("auto", "spin", "block")
 ENV = "TRAINRUN_WAIT"
@@ -146,8 +146,8 @@ class Policy:
 
 
 class TransferWait:
-    """How the engine's data transfers wait for their MPI request: given to the backend when it is made
-    (backends.mpi.MPIBackend(comm, wait)), the same object for the engine's life.
+    """How the engine's data transfers wait for their MPI request: `wait` is given to the backend when it
+    is made (backends.mpi.MPIBackend(comm, wait)), the same for the engine's life.
 
     In a caller's thread (it drives because it waits) it is `policy.wait_request`. In the engine's
     background thread (`bind_background`, once, from that thread), which overlaps the training loop,
@@ -158,16 +158,18 @@ class TransferWait:
 
     def __init__(self, policy: Policy, blocked):
         self._policy = policy
+        self._caller_wait = policy.wait_request
         self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
         self._background: int | None = None  # the background thread's id (bind_background)
 
     def bind_background(self) -> None:
         """Called by the engine's background thread as it starts: its transfers yield from then on."""
-        self._background = threading.get_ident()
+        self._background = _get_ident()
 
-    def __call__(self, request) -> None:
-        if threading.get_ident() != self._background:
-            self._policy.wait_request(request)
+    def wait(self, request) -> None:
+        """Complete MPI `request` by the rule of the calling thread (see the class)."""
+        if _get_ident() != self._background:
+            self._caller_wait(request)
             return
         policy = self._policy
         start = time.monotonic()
