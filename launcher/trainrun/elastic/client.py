@@ -64,16 +64,13 @@ class ControlClient:
 
     def updates(self) -> list[dict]:
         """Host-update notices received so far (read without blocking), oldest first; clears the queue."""
-        self.sock.setblocking(False)
         try:
             while True:
-                data = self.sock.recv(1 << 20)
+                data = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)  # one syscall (every commit calls this)
                 if not data:
                     break
                 self._take(self.reader.feed(data))
         except (BlockingIOError, InterruptedError):
             pass
-        finally:
-            self.sock.setblocking(True)
         out, self._updates = self._updates, []
         return out

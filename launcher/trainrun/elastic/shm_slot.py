@@ -47,6 +47,8 @@ NO_KEY = (-1, -1)
 # Test hook (tests/elastic/test_commit_shm.py): "stall:A:C" makes write() of key (A, C) stop for good between
 # the payload and the header, so a test can SIGKILL the writer exactly there.
 HOOK_ENV = "TRAINRUN_TEST_COMMIT_HOOK"
+_HOOK = os.environ.get(HOOK_ENV)  # read once: a rank's environment does not change
+_DONE_SEQ = struct.Struct("<QQ")
 
 try:
     import xxhash as _xxhash
@@ -160,6 +162,7 @@ class Segment:
             self.mm.close()
             raise SegmentError(f"{path}: not a committed-state segment of version {VERSION}")
         self.buf = np.frombuffer(self.mm, dtype=np.uint8)
+        self._wrote: tuple[int, int] | None = None  # (slot, seq) of this object's last write()
 
     def close(self) -> None:
         self.buf = None
@@ -208,16 +211,16 @@ class Segment:
         `key` by the writer contract above; returns the new header. SegmentError if it does not fit."""
         if packed.size > self.capacity:
             raise SegmentError(f"a {packed.size}-byte state does not fit a {self.capacity}-byte slot")
-        newest = self.newest(verify=False)
-        slot = 0 if newest is None else 1 - newest[0]
-        seq = 1 + max(self.header(0).seq, self.header(1).seq)
+        slot, seq = self._next_slot()
         at = SLOT_AT[slot]
         struct.pack_into("<Q", self.mm, at, 0)                   # done = 0: incomplete from here on
+        self._wrote = None
         algorithm = best_algorithm()
         hasher = _Hasher(algorithm)
-        packed.write_into(self.payload(slot, packed.size), hasher)
+        start = DATA_START + slot * self.capacity
+        packed.write_into(self.buf[start:start + packed.size], hasher)
         csum = hasher.value()
-        if os.environ.get(HOOK_ENV) == f"stall:{key[0]}:{key[1]}":
+        if _HOOK is not None and _HOOK == f"stall:{key[0]}:{key[1]}":
             import sys
             import time
 
@@ -227,7 +230,22 @@ class Segment:
         hcrc = SlotHeader.header_crc(seq, key, packed.size, algorithm, csum)
         struct.pack_into("<QqqQIIQ", self.mm, at + 8, seq, key[0], key[1], packed.size, algorithm, hcrc, csum)
         struct.pack_into("<Q", self.mm, at, seq)                 # done = seq, last: complete
-        return self.header(slot)
+        self._wrote = (slot, seq)
+        return SlotHeader(seq, seq, key, packed.size, algorithm, hcrc, csum)
+
+    def _next_slot(self) -> tuple[int, int]:
+        """(slot, seq) for the next write: the slot without the newest complete copy, and a seq above both.
+        After this object's own write, when both slots' (done, seq) show that no one wrote since (two small
+        reads), that is the other slot and seq + 1, without checking the header crcs again (this is on every
+        commit's path)."""
+        if self._wrote is not None:
+            slot, seq = self._wrote
+            mine, other = _DONE_SEQ.unpack_from(self.mm, SLOT_AT[slot]), _DONE_SEQ.unpack_from(self.mm, SLOT_AT[1 - slot])
+            if mine == (seq, seq) and other[1] < seq:
+                return 1 - slot, seq + 1
+        newest = self.newest(verify=False)
+        slot = 0 if newest is None else 1 - newest[0]
+        return slot, 1 + max(self.header(0).seq, self.header(1).seq)
 
     def copy_newest_from(self, other: Segment) -> SlotHeader | None:
         """Copy `other`'s newest complete copy (checked) into slot 0 of this empty segment, header and all

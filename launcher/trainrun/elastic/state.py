@@ -73,6 +73,8 @@ class State:
         self._last_update = 0.0         # timestamp of the last host update acted on
         self._pushed = False            # the current state is with the agent (commit() is raising)
         self._pending = None            # the host-update broadcast a commit started (acted on at the next)
+        self._packer = None             # packing.Packer, made at the first save/commit
+        self._keeper = None             # keeps the host's copy (local rank 0 of an elastic job); asked once
 
     # what subclasses define
     def snapshot(self):
@@ -101,9 +103,7 @@ class State:
 
     def save(self) -> None:
         """Keep a copy of the state in this process (restore() goes back to it)."""
-        from trainrun.elastic import packing
-
-        packed = packing.pack(self.snapshot())
+        packed = self._pack()
         if self._buf is None or self._buf.size < packed.size:
             import numpy as np
 
@@ -155,15 +155,23 @@ class State:
             self._act_on(rt.synchronize(pending))  # raised on every rank alike: none starts another
         self._pending = rt.broadcast_async(self._update_view(), root_rank=0)
 
+    def _pack(self):
+        if self._packer is None:
+            from trainrun.elastic import packing
+
+            self._packer = packing.Packer()
+        return self._packer.pack(self.snapshot())
+
     def _commit_copy(self) -> None:
         self._count += 1
-        if self._client is None or _runtime().local_rank() != 0:
+        if self._keeper is None:  # what a commit does here is asked once (every commit is on the step's path)
+            self._keeper = (self._client is not None and _runtime().local_rank() == 0, restart_count())
+        keeps, attempt = self._keeper
+        if not keeps:
             self.save()
             return
-        from trainrun.elastic import packing
-
-        packed = packing.pack(self.snapshot())
-        self._writable_segment(packed.size).write((restart_count(), self._count), packed)
+        packed = self._pack()
+        self._writable_segment(packed.size).write((attempt, self._count), packed)
         self._saved = _IN_SEGMENT
 
     def _writable_segment(self, size: int):
