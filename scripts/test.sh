@@ -17,5 +17,6 @@ if [ "${CI:-}" = true ]; then
 fi
 if [ $# -eq 0 ]; then
   .venv/bin/ruff check .   # the project's linter (configured in pyproject.toml): the whole tree is clean
+  .venv/bin/mypy           # the type checker ([tool.mypy] in pyproject.toml: which files, how strictly)
 fi
 .venv/bin/python -m pytest -ra "$@"

@@ -13,12 +13,12 @@ def enable_verbose() -> None:
     verbose = True
 
 
-def info(message: str, *args) -> None:
+def info(message: str, *args: object) -> None:
     if verbose:
         _write(message % args if args else message)
 
 
-def warning(message: str, *args) -> None:
+def warning(message: str, *args: object) -> None:
     _write(message % args if args else message)
 
 

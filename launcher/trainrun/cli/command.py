@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from trainrun.version import __version__
 from trainrun.errors import TrainrunError
+
+if TYPE_CHECKING:
+    from trainrun.plan.roles import RoleCounts
 
 EXAMPLES = """\b
 Examples:
@@ -27,12 +31,14 @@ Everything after the program is passed to it untouched (also -np, -H, ...).
 """
 
 
-class Count(click.ParamType):
+# click.ParamType is generic from click 8.3 on (checked against the installed click); subscripting it here would
+# break click 8.1, which setup.cfg allows
+class Count(click.ParamType):  # type: ignore[type-arg]
     """A whole number >= 1, with a message that says so."""
 
     name = "N"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             n = value
         elif isinstance(value, str) and value.strip().lstrip("+").isdigit():
@@ -44,15 +50,15 @@ class Count(click.ParamType):
         return n
 
 
-class Roles(click.ParamType):
+class Roles(click.ParamType):  # type: ignore[type-arg]
     """--tf-cluster's value, parsed once into a RoleCounts (plan/roles.py)."""
 
     name = "ROLES"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> RoleCounts:
         from trainrun.plan.roles import RoleCounts, parse_roles
 
-        return value if isinstance(value, RoleCounts) else parse_roles(value)
+        return value if isinstance(value, RoleCounts) else parse_roles(str(value))
 
 
 def _sbatch_first(value: bool) -> None:
@@ -78,7 +84,7 @@ def _submit(argv: list[str]) -> int:
     return submit(sub)
 
 
-def _load_config(ctx: click.Context, _param, value):
+def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value:
         from trainrun.cli.config import load_config_file
 
@@ -156,7 +162,7 @@ def _load_config(ctx: click.Context, _param, value):
 @click.option("-v", "--verbose", is_flag=True, help="Log what the launcher does (to stderr).")
 @click.version_option(__version__, "--version", prog_name="trainrun")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def cli(command, json_, **options):
+def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
     """Launch COMMAND as N ranked processes on one or many hosts."""
     from trainrun.cli.config import parse_config
     from trainrun.launch import launch

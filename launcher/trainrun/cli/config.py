@@ -159,7 +159,7 @@ class LaunchConfig:
         restarts = self.max_restarts if self.max_restarts is not None else (None if sizing else 0)
         min_np = self.min_np if self.min_np is not None else (1 if sizing else None)
         return ElasticSettings(restarts, min_np, self.max_np, self.host_discovery_script,
-                               tuple(self.blacklist_cooldown_range) if self.blacklist_cooldown_range else None,
+                               self.blacklist_cooldown_range,
                                self.elastic_timeout)
 
     def host_specs(self) -> list[HostSpec]:
@@ -172,7 +172,7 @@ class LaunchConfig:
             specs = run_script(self.host_discovery_script)
         elif self.hosts is not None:
             specs = list(self.hosts)
-        elif (np := self.num_proc or (self.tf_cluster and self.tf_cluster.total)) is None:
+        elif (np := self.num_proc or (self.tf_cluster.total if self.tf_cluster else None)) is None:
             raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
         else:
             specs = [HostSpec("localhost", np)]
@@ -249,9 +249,9 @@ def parse_export(item: str) -> Export:
 
 
 def _aliases(command: click.Command) -> dict[str, click.Parameter]:
-    out = {}
+    out: dict[str, click.Parameter] = {}
     for p in command.params:
-        if not isinstance(p, click.Option) or p.name in ("config", "version", "help"):
+        if not isinstance(p, click.Option) or p.name is None or p.name in ("config", "version", "help"):
             continue
         out[p.name] = p
         for opt in p.opts:
@@ -260,7 +260,7 @@ def _aliases(command: click.Command) -> dict[str, click.Parameter]:
     return out
 
 
-def load_config_file(path: str, ctx: click.Context) -> dict:
+def load_config_file(path: str, ctx: click.Context) -> dict[str, Any]:
     """Read a YAML config into click's default_map form ({param name: converted value})."""
     import yaml
 

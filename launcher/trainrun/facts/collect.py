@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from typing import Any
 
 from trainrun.version import __version__
-from trainrun.facts.model import HostFacts
+from trainrun.facts.model import HostFacts, Nic
 
 
 WORKER_PORTS = 8  # ports reported for TF_CONFIG's workers; local ranks beyond take the next numbers up
@@ -34,7 +35,7 @@ def launch_facts(with_nics: bool = False) -> HostFacts:
     from trainrun.facts.gpus import local_gpu_pool
 
     ports = free_ports(1 + WORKER_PORTS)
-    nics = ()
+    nics: tuple[Nic, ...] = ()
     if with_nics:
         from trainrun.net.nics import local_nics
 
@@ -44,7 +45,7 @@ def launch_facts(with_nics: bool = False) -> HostFacts:
                      nics=nics)
 
 
-def mpi_facts() -> dict:
+def mpi_facts() -> dict[str, Any]:
     """Which MPI the ranks would use here (imports mpi4py: only for --check), as HostFacts fields. MPI is
     not initialized: MPI_Get_library_version needs no MPI_Init, and a singleton world would leave a
     /dev/shm segment behind when this process ends without MPI_Finalize (the probe server ends with
@@ -77,7 +78,7 @@ def check_facts() -> HostFacts:
     )
 
 
-def version_facts() -> dict:
+def version_facts() -> dict[str, Any]:
     """Installed versions of the frameworks a job may use, as HostFacts fields. From package metadata,
     not imports: torch or TensorFlow would cost seconds to import, and a version is all --check needs."""
     from importlib import metadata

@@ -7,6 +7,10 @@ there; the `--check` set (os ... nccl) is filled only by `check_facts()` and is 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ipaddress import IPv4Interface
 
 
 @dataclass(frozen=True)
@@ -24,12 +28,12 @@ class Nic:
     accepted and converted. `speed` is in Mbit/s, 0 when unknown."""
 
     name: str
-    addresses: tuple = ()  # tuple[ipaddress.IPv4Interface, ...]
+    addresses: tuple[IPv4Interface, ...] = ()  # strings are accepted and converted
     up: bool = True
     speed: int = 0
     mtu: int = 1500
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         import ipaddress  # here, not at import: a local launch never builds a Nic and skips the import
 
         object.__setattr__(self, "addresses", tuple(ipaddress.IPv4Interface(a) for a in self.addresses))
@@ -39,12 +43,12 @@ class Nic:
         """Up, with at least one IPv4 address."""
         return self.up and bool(self.addresses)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "addresses": [str(a) for a in self.addresses], "up": self.up,
                 "speed": self.speed, "mtu": self.mtu}
 
     @classmethod
-    def from_json(cls, d: dict) -> Nic:
+    def from_json(cls, d: dict[str, Any]) -> Nic:
         return cls(d["name"], tuple(d["addresses"]), d["up"], d["speed"], d["mtu"])
 
 
@@ -85,7 +89,7 @@ class HostFacts:
         nic = self.nic(nic_name)
         return str(nic.addresses[0].ip) if nic is not None and nic.addresses else None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["nics"] = [n.to_json() for n in self.nics]
         doc["gpus"], doc["gpu_models"] = list(self.gpus), list(self.gpu_models)
@@ -94,7 +98,7 @@ class HostFacts:
         return doc
 
     @classmethod
-    def from_json(cls, d: dict) -> HostFacts:
+    def from_json(cls, d: dict[str, Any]) -> HostFacts:
         """Unknown keys are ignored (a newer trainrun's extra facts); missing ones take their defaults."""
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}

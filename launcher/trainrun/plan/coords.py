@@ -25,7 +25,7 @@ class RankCoords:
     cross_rank: int
     cross_size: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for r, s, what in ((self.rank, self.size, ""), (self.local_rank, self.local_size, "local_"),
                            (self.cross_rank, self.cross_size, "cross_")):
             if not 0 <= r < s:

@@ -8,7 +8,7 @@ are added where the process starts (supervisor/local.py), since only that host k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 from trainrun.plan.coords import RankCoords
 from trainrun.plan.placement import RankAssignment
@@ -81,7 +81,7 @@ def job_env(job: JobInfo, size: int, nnodes: int, exported: dict[str, str] | Non
 
 
 # Each rank's own variables: name -> (whether the rank has it, its value). Looked up one name at a time.
-_PER_RANK = {
+_PER_RANK: dict[str, tuple[Callable[[RankAssignment, JobEnv], bool] | None, Callable[[RankAssignment], object]]] = {
     "RANK": (None, lambda a: a.rank),
     "LOCAL_RANK": (None, lambda a: a.local_rank),
     "LOCAL_WORLD_SIZE": (None, lambda a: a.local_size),
@@ -115,7 +115,7 @@ def tf_task(task: Task) -> str:
 _ROLE_KEYS = ("TRAINRUN_ROLE", "TRAINRUN_ROLE_INDEX")  # --tf-cluster: for programs that do not read TF_CONFIG
 
 
-class RankEnvMap(Mapping):
+class RankEnvMap(Mapping[str, str]):
     """The variables trainrun sets for one rank, built when read (when the rank starts, or a plan is printed),
     never stored: the shared JobEnv plus this rank's numbers. A plan of N ranks holds N of these small objects,
     not N copies of a TF_CONFIG that lists N workers."""
@@ -150,14 +150,16 @@ class RankEnvMap(Mapping):
         own += list(_ROLE_KEYS) if s.job.tf_tasks else []
         return [*(k for k in own if k not in s.exported), *s.common.keys() - s.exported.keys(), *s.exported]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._keys())
 
     def __len__(self) -> int:
         return len(self._keys())
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: object) -> bool:
         s = self.shared
+        if not isinstance(key, str):
+            return False
         return (key in s.exported or key in s.common or (key == "TF_CONFIG" and bool(s.tf_prefix)) or self._has(key)
                 or (key in _ROLE_KEYS and bool(s.job.tf_tasks)))
 
@@ -180,7 +182,7 @@ FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "P
 FORWARD_PREFIXES = ("TRAINRUN_", "NCCL_", "UCX_", "FI_", "MPIR_CVAR_", "OMP_", "GLOO_", "TORCH_", "PYTORCH_", "HOROVOD_")
 
 
-def forwarded_env(environ) -> dict[str, str]:
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the launcher's environment that remote ranks get (the README lists it)."""
     return {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
 
@@ -194,7 +196,7 @@ class RankEnv(RankCoords):
     gpus: tuple[int, ...] = ()
 
 
-def read_rank_env(environ) -> RankEnv | None:
+def read_rank_env(environ: Mapping[str, str]) -> RankEnv | None:
     """The contract as seen inside a rank, or None when the process was not started by trainrun."""
     if "TRAINRUN_RANK" not in environ:
         return None

@@ -39,7 +39,7 @@ class HostSpec:
     slots: int = 1
     user: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("host name is empty")
         if self.slots < 1:

@@ -8,11 +8,12 @@ instead of filling memory. TRAINRUN_MAX_RANKS raises (or lowers) it; scripts/ben
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
 MAX_RANKS = 65536
 
 
-def max_ranks(environ=None) -> int:
+def max_ranks(environ: Mapping[str, str] | None = None) -> int:
     """The cap: TRAINRUN_MAX_RANKS when it is a whole number >= 1, else MAX_RANKS."""
     text = (os.environ if environ is None else environ).get("TRAINRUN_MAX_RANKS", "")
     return int(text) if text.isdigit() and int(text) >= 1 else MAX_RANKS

@@ -26,7 +26,7 @@ class RankAssignment(RankCoords):
     host: HostSpec
     gpus: tuple[int, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} out of range for nnodes {self.nnodes}")

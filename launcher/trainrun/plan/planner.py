@@ -131,7 +131,8 @@ def tf_workers(assignments: list[RankAssignment], facts: Mapping[str, HostFacts]
     """"address:port" of every rank as a TF worker, on the host's address in `addresses`: the ports its host
     reported free, one per rank in order (the next numbers up past those). Host entries that are one machine
     (the same facts: `-H localhost:1,127.0.0.1:1`) draw from one list, so no two workers share a port."""
-    out, taken = [], {}
+    out: list[str] = []
+    taken: dict[int, int] = {}
     for a in assignments:
         f = facts.get(a.host.name, NO_FACTS)
         ports = f.worker_ports or (f.free_port + 1,)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from typing import Mapping
 
 from trainrun.plan.roles import cluster_of
 from trainrun.plan.spec import LaunchPlan
@@ -11,12 +12,12 @@ from trainrun.plan.spec import LaunchPlan
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
 
 
-def redacted(env: dict[str, str]) -> dict[str, str]:
+def redacted(env: Mapping[str, str]) -> dict[str, str]:
     """env with the values of secret-looking variables (API keys, tokens, passwords) masked, for printing."""
     return {k: ("<redacted>" if _SECRET.search(k) else v) for k, v in env.items()}
 
 
-def plan_table(plan: LaunchPlan, notes: dict | None = None) -> str:
+def plan_table(plan: LaunchPlan, notes: Mapping[str, str] | None = None) -> str:
     """Human-readable plan: one row per rank, the job line, `notes` ({what: why}), then the env rank 0 gets."""
     from trainrun.table import render_table
 
@@ -40,7 +41,7 @@ def plan_table(plan: LaunchPlan, notes: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def plan_json(plan: LaunchPlan, notes: dict | None = None) -> str:
+def plan_json(plan: LaunchPlan, notes: Mapping[str, str] | None = None) -> str:
     """The plan as JSON: the job, then every rank with its env. TF_CONFIG is given once, as "tf_workers" (each
     rank's TF_CONFIG is that worker list with its rank as the task index), not in every rank's env: listing
     every worker per rank would make the document quadratic in the ranks (92 GB at 65536 ranks)."""

@@ -7,9 +7,9 @@ travel to agents as JSON (spec_to_dict / spec_from_dict).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Any, Mapping
 
-from trainrun.plan.envcontract import JobInfo, RankEnvMap, job_env
+from trainrun.plan.envcontract import JobEnv, JobInfo, RankEnvMap, job_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import RankAssignment
 
@@ -55,7 +55,9 @@ def build_plan(
     """One ProcessSpec per assignment. Linear in the ranks: what they share (argv, the job's env, the -x exports
     `extra_env`, which win over what trainrun derives, e.g. the NIC choice) is built once, and each rank's env
     is a RankEnvMap over it, built when read."""
-    shared = job_env(job, assignments[0].size, assignments[0].nnodes, extra_env) if assignments else None
+    if not assignments:
+        return LaunchPlan(job, ())
+    shared = job_env(job, assignments[0].size, assignments[0].nnodes, extra_env)
     return LaunchPlan(job, tuple(ProcessSpec(a, argv, RankEnvMap(a, shared), cwd, bind_to) for a in assignments))
 
 
@@ -63,7 +65,7 @@ def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
     """`plan` with `extra` in every rank's env, winning over the rest (as -x exports do). Linear in the ranks:
     `extra` joins the shared JobEnv once and each rank gets a new RankEnvMap over it, so no rank's env (a
     TF_CONFIG listing every worker) is built here; an env that is already a plain dict is copied."""
-    shared: dict[int, object] = {}
+    shared: dict[int, JobEnv] = {}
 
     def env_of(env: Mapping[str, str]) -> Mapping[str, str]:
         if not isinstance(env, RankEnvMap):
@@ -75,7 +77,7 @@ def with_env(plan: LaunchPlan, extra: dict[str, str]) -> LaunchPlan:
     return LaunchPlan(plan.job, tuple(replace(p, env=env_of(p.env)) for p in plan.procs))
 
 
-def spec_to_dict(p: ProcessSpec) -> dict:
+def spec_to_dict(p: ProcessSpec) -> dict[str, Any]:
     """A ProcessSpec as JSON-able data, for the agent that runs it on its host."""
     a = p.assignment
     return {
@@ -87,7 +89,7 @@ def spec_to_dict(p: ProcessSpec) -> dict:
     }
 
 
-def spec_from_dict(d: dict) -> ProcessSpec:
+def spec_from_dict(d: dict[str, Any]) -> ProcessSpec:
     host = HostSpec(**d["host"])
     a = RankAssignment(host=host, gpus=tuple(d["gpus"]), **d["assignment"])
     return ProcessSpec(a, tuple(d["argv"]), dict(d["env"]), d["cwd"], d["bind_to"])

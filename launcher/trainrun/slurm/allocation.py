@@ -17,8 +17,9 @@ A malformed value raises SlurmEnvError: one line naming the variable, its value 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from trainrun.errors import UsageError
 from trainrun.slurm.nodelist import expand_counts, expand_nodelist
@@ -98,11 +99,14 @@ def _first(env: Mapping[str, str], *names: str) -> tuple[str | None, str]:
     return None, ""
 
 
+T = TypeVar("T")
+
+
 def _error(var: str, value: str, what: str) -> SlurmEnvError:
     return SlurmEnvError(f"{var}={value!r}: {what}; unset SLURM_JOB_ID to launch without the allocation")
 
 
-def _parse(var: str, value: str, parse):
+def _parse(var: str, value: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(value)
     except ValueError as e:

@@ -52,6 +52,7 @@ def submit(sub: Submission, python: str = sys.executable) -> int:
                                 stderr=subprocess.PIPE, text=True)
     except FileNotFoundError:
         raise TrainrunError("--sbatch: no sbatch on PATH; run it where Slurm's commands are", exit_code=3) from None
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three are PIPEs
     proc.stdin.write(script)
     proc.stdin.close()
     first = proc.stdout.readline()  # --parsable prints the id at submission, before --wait blocks
@@ -59,8 +60,8 @@ def submit(sub: Submission, python: str = sys.executable) -> int:
         jid = job_id(first)
     except ValueError:
         proc.wait()
-        err = proc.stderr.read().strip().splitlines()
-        raise TrainrunError(f"--sbatch: sbatch refused the job: {err[-1] if err else first.strip() or 'no output'}",
+        said = proc.stderr.read().strip().splitlines()
+        raise TrainrunError(f"--sbatch: sbatch refused the job: {said[-1] if said else first.strip() or 'no output'}",
                             exit_code=3) from None
     print(f"trainrun: submitted batch job {jid}" + (" (waiting for it to end)" if sub.wait else ""), flush=True)
     code = proc.wait()
