@@ -18,6 +18,8 @@ if [ "${1:-}" = "--test" ]; then
     # packages may start does not matter: the testbed's daemons run inside the hosts with their own config and socket
     [ -x /usr/sbin/slurmd ] || need="$need slurm-wlm"
     [ -x /usr/sbin/munged ] || need="$need munge"
+    # a terminal for the --monitor test (tests/process/test_monitor.py: the live table in an 80x24 pane)
+    command -v tmux >/dev/null || need="$need tmux"
     if [ -n "$need" ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi
