@@ -326,7 +326,7 @@ def launch_argv(cfg: LaunchConfig, program: list[str]) -> list[str]:
     return argv + program
 
 
-def run_collective(cfg, timeout: float) -> tuple[list[CollectiveSample], str]:
+def run_collective(cfg: LaunchConfig, timeout: float) -> tuple[list[CollectiveSample], str]:
     """Launch the allreduce benchmark over the job's plan; (samples, "") or ([], why not)."""
     python = cfg.python or sys.executable
     argv = launch_argv(cfg, [python, "-m", "trainrun.check.allreduce_bench", *map(str, COLLECTIVE_SIZES)])
