@@ -93,3 +93,15 @@ def test_off_a_terminal_plain_lines_json_events_and_the_plot(start_trainrun, tmp
     page = (tmp_path / "out" / "straggler.html").read_text()
     for r in range(4):
         assert page.count(f'data-rank="{r}"') == 2, r
+
+
+@pytest.mark.parametrize("option", ["", "--monitor"])
+def test_the_view_is_loaded_only_when_asked_and_rich_only_on_a_terminal(option):
+    """The launch path's import rule (docs/architecture.md): a launch without --monitor/--json imports neither
+    supervisor/monitor.py nor rich; --monitor off a terminal needs the module, not rich."""
+    argv = [sys.executable, "-X", "importtime", "-m", "trainrun", "-np", "2", *([option] if option else []), "true"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=base_env(PYTHONPATH=SRC))
+    assert proc.returncode == 0, proc.stderr
+    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert not any(m == "rich" or m.startswith("rich.") for m in modules)
+    assert ("trainrun.supervisor.monitor" in modules) == bool(option)
