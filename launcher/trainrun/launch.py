@@ -1,16 +1,16 @@
 """From a LaunchConfig to an exit code, top-down: shape the job, reach the hosts (one agent each),
 choose the NICs, plan every rank, run the rank groups under one Job, report. Each step lives in its
-own subpackage (plan/, fanout/, net/, run/, mpi/, check/); this module only puts them in order.
+own subpackage (plan/, fanout/, net/, supervisor/, mpiworld/, check/); this module only puts them in order.
+The planning and the Job are assembled as for each attempt of an elastic job (supervisor/assemble.py).
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.fanout.select import HostSource, host_source
-from trainrun.plan.planner import JobShape, host_address, make_plan, master_address, shape_job
+from trainrun.plan.planner import JobShape, make_plan, shape_job
 from trainrun.supervisor.output import prepare_output_dir, sink_for
 
 AGENT_START_SLACK = 30.0  # seconds beyond --ssh-timeout for an agent's HELLO (interpreter start-up on a busy host)
@@ -81,10 +81,8 @@ def dry_run(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
 
 
 def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict) -> int:
-    """Reach the remote hosts, plan with their facts, run every rank group to the end."""
-    from trainrun.plan.envcontract import forwarded_env
-    from trainrun.supervisor.job import Job
-    from trainrun.supervisor.local import LocalRanks
+    """Reach the remote hosts, choose the NICs, run the job's one attempt (supervisor/assemble.py) to the end."""
+    from trainrun.supervisor.assemble import assemble_job
 
     engine, agents = None, {}
     if shape.remote:
@@ -100,28 +98,8 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
             from trainrun.net.choice import choose_nics
 
             nics = choose_nics(cfg, shape.used, engine, facts)
-        routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
-        addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
-        plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
-                         slurm=source.allocation is not None, addresses=addresses)
-        log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
-        ps = cfg.tf_cluster is not None
-        by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
-        local = [p for p in plan.procs if p.host not in agents]
-        groups = [LocalRanks(local, pmi=mpi)] if local else []
-        forward = forwarded_env(os.environ)
-        for name, agent in agents.items():
-            agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
-                         heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
-            groups.append(agent)
-        policy = None
-        if ps:
-            from trainrun.supervisor.ps_policy import PsPolicy
-
-            policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
-        job = Job(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace, start_timeout=cfg.start_timeout,
-                  hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir, ps_policy=policy)
-        result = job.run()
+        job = assemble_job(cfg, shape, agents, facts, nics, slurm=source.allocation is not None)
+        plan, result = job.plan, job.run()
     finally:
         for agent in agents.values():
             agent.disconnect()

@@ -1,6 +1,7 @@
 """The elastic loop: run a job as a series of attempts until it succeeds, fails for good, or is interrupted.
 
-An attempt is an ordinary Job (supervisor/attempt.py's AttemptJob) planned by the one planner on the hosts the
+An attempt is an ordinary Job (supervisor/attempt.py's AttemptJob) assembled as a static job's is
+(supervisor/assemble.py) and planned by the one planner on the hosts the
 policy picks (supervisor/restart_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
 restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
 the ranks committed with them (supervisor/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
@@ -24,11 +25,9 @@ from trainrun import log
 from trainrun.cli.config import LaunchConfig
 from trainrun.errors import HostsError, TrainrunError
 from trainrun.plan.placement import ranks_per_host
-from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
-from trainrun.plan.spec import with_env
+from trainrun.plan.planner import JobShape
 from trainrun.supervisor.discovery import LiveHosts
 from trainrun.supervisor.restart_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
-from trainrun.supervisor.output import sink_for
 
 AGENT_START_SLACK = 30.0
 IDLE_TICK = 0.2
@@ -148,9 +147,8 @@ class ElasticLoop:
 
     def _attempt(self, pick: Pick) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
-        from trainrun.plan.envcontract import forwarded_env
-        from trainrun.supervisor.attempt import AttemptJob, HostWatch
-        from trainrun.supervisor.local import LocalRanks
+        from trainrun.supervisor.assemble import assemble_job
+        from trainrun.supervisor.attempt import HostWatch
 
         cfg = self.cfg
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
@@ -161,25 +159,10 @@ class ElasticLoop:
 
             self.local_facts = self.local_facts or launch_facts()
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
-        nics = self._nics(shape, facts)
-        routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
-        addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
-        plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
-                         slurm=self.origin.allocation is not None, addresses=addresses)
-        plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": str(self.attempt), "TRAINRUN_ELASTIC": "1"})
-        by_host, mpi = plan.by_host(), cfg.mpi != "none"
-        log.info("attempt %d: job %s, %d rank(s) on %s", self.attempt, plan.job.job_id, len(plan.procs),
-                 ", ".join(by_host))
+        job = assemble_job(cfg, shape, agents, facts, self._nics(shape, facts), slurm=self.origin.allocation is not None,
+                           attempt=self.attempt, control=self.control)
+        plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
-        local = [p for p in plan.procs if p.host not in agents]
-        groups = [LocalRanks(local, pmi=mpi, control=self.control)] if local else []
-        forward = forwarded_env(os.environ)
-        for name, agent in agents.items():
-            agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
-                         heartbeat_timeout=cfg.heartbeat_timeout)
-            groups.append(agent)
-        job = AttemptJob(plan, sink_for(cfg, len(plan.procs)), groups, grace=cfg.grace, start_timeout=cfg.start_timeout,
-                         hang_timeout=cfg.hang_timeout, output_dir=cfg.output_dir)
         self.current = Pick(tuple(shape.used), len(plan.procs))
         job.groups.append(HostWatch(job, self._hosts_changed, lambda u: self._notify(u, list(agents.values()))))
         result = job.run()

@@ -1,0 +1,77 @@
+"""One attempt of a job, assembled: from a JobShape on hosts already reached to a Job ready to run.
+
+This is the one place a job is put together: plan every rank with the hosts' facts, give each agent its
+host's share, gather this machine's ranks in a LocalRanks, and put every group under one Job. A static launch
+(launch.run_job) runs one attempt; the elastic loop (restarts.py) runs one per attempt, numbered. What the
+callers keep is what differs between them: how the hosts are reached (agents opened for this job, or kept in
+a pool between attempts), how the NICs are chosen (once, or cached across attempts), and what follows the
+Job's end (a summary and an exit code, or the restart policy).
+
+A static job is not the elastic loop run with no restarts (as torch's agent does): the loop's own parts (a
+guardian process for the ranks' committed-state segments, the control server, agents kept in a pool between
+attempts, the failure list it prints at the end) would cost every static launch start-up time and change
+its messages. The attempt is what they share, and it is this function.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from trainrun import log
+from trainrun.plan.envcontract import forwarded_env
+from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
+from trainrun.supervisor.job import Job
+from trainrun.supervisor.local import LocalRanks
+from trainrun.supervisor.output import sink_for
+
+if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
+    from trainrun.fanout.agents import AgentRanks
+    from trainrun.supervisor.control import ControlServer
+
+
+def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRanks], facts: dict,
+                 nics: tuple[str, ...], *, slurm: bool, attempt: int | None = None,
+                 control: ControlServer | None = None) -> Job:
+    """The Job that runs `shape`'s ranks: this machine's under a LocalRanks, each remote host's through its
+    agent in `agents` (one per remote host of `shape`, each with its HELLO facts also in `facts`, which holds
+    every used host's). `nics`: the NICs the ranks use (() for one host).
+
+    `attempt`: None for a static job (a plain Job; with --tf-cluster under the parameter-server policy), else
+    the elastic attempt number: the ranks get TRAINRUN_RESTART_COUNT and TRAINRUN_ELASTIC, and the Job is an
+    AttemptJob (attempt.py). `control`: an elastic job's control channels for this machine's ranks."""
+    routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
+    addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
+    plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
+                     slurm=slurm, addresses=addresses)
+    if attempt is None:
+        log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
+    else:
+        from trainrun.plan.spec import with_env
+
+        plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": str(attempt), "TRAINRUN_ELASTIC": "1"})
+        log.info("attempt %d: job %s, %d rank(s) on %s", attempt, plan.job.job_id, len(plan.procs),
+                 ", ".join(plan.by_host()))
+    ps = cfg.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
+    by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
+    local = [p for p in plan.procs if p.host not in agents]
+    groups = [LocalRanks(local, pmi=mpi, control=control)] if local else []
+    forward = forwarded_env(os.environ)
+    for name, agent in agents.items():
+        agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
+                     heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
+        groups.append(agent)
+    options = dict(grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
+                   output_dir=cfg.output_dir)
+    sink = sink_for(cfg, len(plan.procs))
+    if attempt is not None:
+        from trainrun.supervisor.attempt import AttemptJob
+
+        return AttemptJob(plan, sink, groups, **options)
+    policy = None
+    if ps:
+        from trainrun.supervisor.ps_policy import PsPolicy
+
+        policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
+    return Job(plan, sink, groups, ps_policy=policy, **options)
