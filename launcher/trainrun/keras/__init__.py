@@ -4,7 +4,7 @@ Keras 3 on whichever backend it runs: torch or tensorflow (JAX is not supported:
 steps would need the collectives as jax callbacks). The backend is Keras's own choice when Keras is
 already imported or KERAS_BACKEND is set; otherwise this module sets KERAS_BACKEND to tensorflow if
 TensorFlow is already imported, else to torch (trainrun's default since before TensorFlow support).
-The collectives on Keras values are the backend's (trainrun.keras_common.torch_ops / tf_ops);
+The collectives on Keras values are trainrun.keras_common.collectives' for the backend;
 `DistributedOptimizer` averages gradients before Keras applies them, `callbacks` has Horovod's
 broadcast, metric-average and warm-up callbacks, `load_model` restores a model with its optimizer
 distributed again. For tf.keras (Keras 3 or tf-keras) use trainrun.tensorflow.keras.

@@ -1,14 +1,13 @@
 """Collectives on Keras values (tensors, variables, NumPy arrays) with Horovod's Keras signatures, on
 the backend Keras runs: each returns a backend tensor; `broadcast_variables` assigns in place.
-`binding` is the backend's module (trainrun.keras_common.torch_ops or tf_ops)."""
+`binding` is the backend's trainrun.keras_common.collectives.Collectives."""
 from __future__ import annotations
 
 import keras
 
-if keras.backend.backend() == "torch":
-    from trainrun.keras_common import torch_ops as binding
-else:
-    from trainrun.keras_common import tf_ops as binding
+from trainrun.keras_common.collectives import for_backend
+
+binding = for_backend(keras.backend.backend())
 
 Compression = binding.Compression
 allreduce, allgather, broadcast = binding.allreduce, binding.allgather, binding.broadcast

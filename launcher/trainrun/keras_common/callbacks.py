@@ -1,5 +1,5 @@
 """Horovod's Keras callbacks, for any Keras: `make(keras, ops)` builds the classes on that Keras's
-`Callback` (Keras 3, or tf-keras) with that backend's collectives (`ops`: torch_ops or tf_ops)."""
+`Callback` (Keras 3, or tf-keras) with that backend's collectives (`ops`: a collectives.Collectives)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -120,9 +120,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                      average_aggregated_gradients)
     # a Keras optimizer: the same wrapper trainrun.tensorflow.keras.DistributedOptimizer makes
     from trainrun.keras_common import optimizer as keras_impl
-    from trainrun.keras_common import tf_ops
+    from trainrun.keras_common.collectives import for_backend
 
-    return keras_impl.create_distributed_optimizer(tf.keras, tf_ops, optimizer, name, compression, sparse_as_dense,
+    return keras_impl.create_distributed_optimizer(tf.keras, for_backend("tensorflow"), optimizer, name, compression, sparse_as_dense,
                                                    gradient_predivide_factor, op, backward_passes_per_step,
                                                    average_aggregated_gradients, process_set)
 

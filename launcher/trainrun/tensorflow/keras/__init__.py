@@ -3,7 +3,7 @@
 Works with whatever `tf.keras` is: Keras 3 on its tensorflow backend (TF 2.21's default; this module
 sets KERAS_BACKEND=tensorflow unless it is set), or tf-keras (Keras 2) when the program sets
 TF_USE_LEGACY_KERAS=1 before importing TensorFlow. The machinery is trainrun.keras_common's with
-TensorFlow collectives (trainrun.keras_common.tf_ops), so gradients are reduced inside the tf.function
+TensorFlow collectives (trainrun.keras_common.collectives), so gradients are reduced inside the tf.function
 that `fit` compiles.
 """
 import os
@@ -13,7 +13,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import tensorflow as tf  # noqa: E402
 
 from trainrun.keras_common import optimizer as _impl  # noqa: E402
-from trainrun.keras_common import tf_ops as _ops  # noqa: E402
+from trainrun.keras_common.collectives import for_backend  # noqa: E402
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: E402
@@ -28,6 +28,7 @@ from trainrun.tensorflow.compression import Compression  # noqa: E402
 from trainrun.tensorflow.keras import callbacks  # noqa: E402
 
 keras = callbacks.keras  # the tf.keras in use (Keras 3 or tf-keras)
+_ops = for_backend("tensorflow")
 allreduce, allgather, broadcast, reducescatter = _ops.allreduce, _ops.allgather, _ops.broadcast, _ops.reducescatter
 
 

@@ -2,11 +2,11 @@
 (Keras 3, or tf-keras with TF_USE_LEGACY_KERAS=1)."""
 import tensorflow as tf
 
-from trainrun.keras_common import tf_ops
+from trainrun.keras_common.collectives import for_backend
 from trainrun.keras_common.callbacks import make
 
 keras = tf.keras
-_classes = make(keras, tf_ops)
+_classes = make(keras, for_backend("tensorflow"))
 BroadcastGlobalVariablesCallback = _classes.BroadcastGlobalVariablesCallback
 MetricAverageCallback = _classes.MetricAverageCallback
 LearningRateWarmupCallback = _classes.LearningRateWarmupCallback
