@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
     comm = MPI.COMM_WORLD
     n, out = comm.Get_size(), []
     for size in map(int, argv):
-        send = np.ones(max(1, size // 4), dtype=np.float32)
+        send: np.ndarray = np.ones(max(1, size // 4), dtype=np.float32)
         recv = np.empty_like(send)
         comm.Allreduce(send, recv, op=MPI.SUM)
         iters = iterations(size)

@@ -22,6 +22,7 @@ from trainrun.plan.planner import JobShape, assign, requested_np, shape_job
 
 if TYPE_CHECKING:
     from trainrun.cli.config import LaunchConfig
+    from trainrun.fanout.base import ModuleChannel
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class ProbeServer:
     """A host's probe server, started with its facts (`python -m trainrun.facts serve HOST NONCE`): the
     channel it runs on (closing it ends the server), its first line less the facts, and its nonce."""
 
-    channel: object
+    channel: ModuleChannel
     table: dict
-    nonce: str
+    nonce: str | None
 
 
 def _workdir_check(host: HostSpec, facts: HostFacts, missing: str | None, via: str = "remote") -> HostCheck:
@@ -157,7 +158,7 @@ def run_check(cfg: LaunchConfig) -> CheckReport:
         shape, problems = JobShape(tuple(hosts), (0,) * len(hosts)), [str(err)]
     need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
     engine = engine_for(cfg, source) if any(not h.is_local for h in hosts) else None
-    servers = {}
+    servers: dict[str, ProbeServer] = {}
     try:
         checks, servers = collect_hosts(hosts, cfg, engine, serve=need_nic)
         routable, reports, failures = [], {}, []
@@ -212,6 +213,7 @@ def ps_step(cfg: LaunchConfig, ranks, checks: list[HostCheck], nics: list[str], 
 
     facts = {c.host: c.facts for c in checks}
     try:
+        assert cfg.tf_cluster is not None  # ps_step runs for --tf-cluster only
         tasks = place_roles(cfg.tf_cluster, [a.host.name for a in ranks])
     except UsageError as err:
         problems.append(str(err))

@@ -185,14 +185,15 @@ def lap(phases: dict, name: str, since: float) -> float:
 
 def measure_clocks(benches: dict[str, Bench]) -> dict[str, tuple[float, float]]:
     """{host: (offset ms, uncertainty ms)}: host time minus this machine's, at the shortest round trip."""
-    def one(b: Bench):
-        best = None
+    def one(b: Bench) -> tuple[float, float]:
+        best: tuple[float, float] | None = None
         for _ in range(CLOCK_TRIES):
             t0 = time.time()
             t = b.call({"op": "time"})["t"]
             t1 = time.time()
             if best is None or t1 - t0 < best[1]:
                 best = ((t - (t0 + t1) / 2) * 1000, (t1 - t0) * 1000)
+        assert best is not None  # CLOCK_TRIES >= 1
         return best[0], best[1] / 2
 
     with ThreadPoolExecutor(max_workers=max(1, len(benches))) as pool:

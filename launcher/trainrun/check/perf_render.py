@@ -35,7 +35,8 @@ def heat_map(r: PerfResult, nic: str, color: bool) -> list[str]:
     header = ("FROM \\ TO", *r.hosts)
     rows, grades = [], []
     for a in r.hosts:
-        row, grade = [a], [None]
+        row = [a]
+        grade: list[str | None] = [None]
         for b in r.hosts:
             s = m.get((a, b))
             if a == b or s is None:
@@ -44,7 +45,7 @@ def heat_map(r: PerfResult, nic: str, color: bool) -> list[str]:
                 continue
             bad = s.mbps is None or (ref is not None and s.mbps < LINK_FRACTION * ref)
             row.append(_mbps(s.mbps) + ("!" if bad and not color else ""))
-            grade.append(RED if bad else GREEN if ref is None or s.mbps >= 0.75 * ref else YELLOW)
+            grade.append(RED if bad or s.mbps is None else GREEN if ref is None or s.mbps >= 0.75 * ref else YELLOW)
         rows.append(row)
         grades.append(grade)
     lines = render_table(header, rows, "  ")

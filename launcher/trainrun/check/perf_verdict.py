@@ -133,7 +133,7 @@ def suspect_pairs(links: list[LinkSample], nics: list[str], hosts: list[str]) ->
         ref, per_host = link_reference(links, nic, hosts)
         m = link_matrix(links, nic)
         if ref is not None:
-            for h in sorted((h for h, v in per_host.items() if v < LINK_FRACTION * ref), key=per_host.get):
+            for h in sorted((h for h, v in per_host.items() if v < LINK_FRACTION * ref), key=lambda h: per_host[h]):
                 for (a, b) in m:
                     if h in (a, b):
                         add(nic, a, b)
@@ -178,16 +178,16 @@ def link_findings(r: PerfResult) -> list[Finding]:
 
 def compute_findings(r: PerfResult) -> list[Finding]:
     out = []
-    measured = [s for s in r.host_samples if s.gflops is not None]
+    measured = [(s, s.gflops) for s in r.host_samples if s.gflops is not None]
     for s in r.host_samples:
         if s.error:
             out.append(Finding("compute", s.host, f"{s.host}: compute probe failed ({s.error})", "", exclude=(s.host,)))
     if len(measured) >= 2:
-        med = statistics.median(s.gflops for s in measured)
-        for s in measured:
-            if s.gflops < COMPUTE_FRACTION * med:
+        med = statistics.median(gflops for _, gflops in measured)
+        for s, gflops in measured:
+            if gflops < COMPUTE_FRACTION * med:
                 out.append(Finding("compute", s.host,
-                                   f"{s.host}: {s.gflops:.1f} GFLOP/s, {s.gflops / med:.0%} of the median {med:.1f} "
+                                   f"{s.host}: {gflops:.1f} GFLOP/s, {gflops / med:.0%} of the median {med:.1f} "
                                    f"(load {s.load1:.1f} on {s.cpus} CPU(s))",
                                    f"find what else runs on {s.host}, or exclude it: --exclude {s.host}", exclude=(s.host,)))
     for s in r.host_samples:

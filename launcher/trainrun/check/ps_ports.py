@@ -17,6 +17,7 @@ import selectors
 import socket
 import sys
 import threading
+from typing import cast
 
 
 def port_rows(tasks, ranks, workers: tuple[str, ...]) -> list[tuple[str, str, str]]:
@@ -63,7 +64,7 @@ def answer(sel: selectors.BaseSelector, identity: bytes, stop: threading.Event |
     while stop is None or not stop.is_set():
         for key, _ in sel.select(0.2):
             try:
-                conn, _ = key.fileobj.accept()
+                conn, _ = cast(socket.socket, key.fileobj).accept()
                 with conn:
                     conn.sendall(identity)
             except OSError:
@@ -117,8 +118,9 @@ def reach_problems(targets, hosts: list[str], engine=None, pythons: dict | None 
                 t.join()
             for sel, _ in opened.values():
                 for key in list(sel.get_map().values()):
-                    key.fileobj.close()
+                    cast(socket.socket, key.fileobj).close()
         return _problems(listened, results)
+    assert pythons is not None  # given with an engine
     channels = []
     try:
         servers = {}
@@ -129,12 +131,12 @@ def reach_problems(targets, hosts: list[str], engine=None, pythons: dict | None 
             channels.append(ch)
             servers[h] = ch
         listened = {h: json.loads(ch.readline()) for h, ch in servers.items()}
-        spec = json.dumps({"targets": _probe_targets(listened, nonce), "timeout": 2.0}).encode()
+        line = json.dumps({"targets": _probe_targets(listened, nonce), "timeout": 2.0}).encode()
         probers = {}
         for h in hosts:
             probers[h] = ch = engine.run_module(h, "trainrun.net.nics", "probe", python=pythons[h], timeout=timeout)
             channels.append(ch)
-            ch.send(spec)
+            ch.send(line)
             ch.close_stdin()
         results = {h: json.loads(ch.read())["results"] for h, ch in probers.items()}
     finally:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainrun.version import __version__
 from trainrun.facts.model import NO_FACTS, HostFacts
 from trainrun.table import render_table
+
+if TYPE_CHECKING:
+    from trainrun.check.perf_verdict import PerfResult
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class CheckReport:
     warnings: list[str] = field(default_factory=list)
     np: int = 0                     # ranks asked for
     source: str = ""                # where the hosts came from and how they are reached (fanout/select.py)
-    perf: object = None             # perf_verdict.PerfResult with --perf
+    perf: PerfResult | None = None  # with --perf
     ps_rows: list = field(default_factory=list)  # --tf-cluster: (host, its tasks, their ports) (check/ps_ports.py)
 
     @property
@@ -102,7 +106,7 @@ def gpu_summary(f) -> str:
 
 def render_report(r: CheckReport, color: bool = False) -> str:
     out = [f"Hosts ({r.source})" if r.source else "Hosts"]
-    rows = []
+    rows: list[tuple[object, ...]] = []
     for h in r.hosts:
         f = h.facts
         if h.ok:
