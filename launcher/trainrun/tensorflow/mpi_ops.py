@@ -98,6 +98,21 @@ def _same(result):
     return result
 
 
+def _bf16(tensor) -> bool:
+    """An eager bfloat16 tensor: it crosses to the runtime as float32 and comes back rounded once, as
+    in graphs (graph_ops.collective). Its NumPy view is ml_dtypes' bfloat16, which the runtime (whose
+    bfloat16 is a uint16 bit pattern) would read by value: wrong sums, uint16 results."""
+    return tensor.dtype == tf.bfloat16
+
+
+def _f32(tensor):
+    return tf.cast(tensor, tf.float32)
+
+
+def _back(tensor):
+    return tf.cast(tensor, tf.bfloat16)
+
+
 def _set_rank(process_set) -> tuple[int, int]:
     """(this rank's index in the set, the set's size)."""
     ps = process_set if process_set is not None else global_process_set
@@ -122,6 +137,8 @@ def _recorded(forward, backward, *tensors):
 def _allreduce(tensor, name, op, pre, post, process_set):
     kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=process_set)
     if _eager():
+        if _bf16(tensor):
+            return _back(_allreduce(_f32(tensor), name, op, pre, post, process_set))
         a = _view(tensor)
         out = buffers.empty(a.shape, a.dtype)
         np.copyto(out, a)  # the one copy an out-of-place op needs; the reduction then runs in place
@@ -139,6 +156,9 @@ def _grouped_allreduce(tensors, name, op, pre, post, process_set) -> list:
     if not tensors:
         return []
     if _eager():
+        if any(_bf16(t) for t in tensors):
+            outs = _grouped_allreduce([_f32(t) if _bf16(t) else t for t in tensors], name, op, pre, post, process_set)
+            return [_back(o) if _bf16(t) else o for o, t in zip(outs, tensors)]
         return _grouped_eager([_view(t) for t in tensors], name, kw)
     gname = _graph_name("grouped_allreduce", name, tensors[0])
     outs = graph_ops.collective(lambda *a, blocking=False: _started(
@@ -188,6 +208,8 @@ _COUNTERS: dict = {}
 
 def _allgather(tensor, name, process_set):
     if _eager():
+        if _bf16(tensor):
+            return _back(_allgather(_f32(tensor), name, process_set))
         return _wrap(rt.allgather(_view(tensor), name=name, process_set=process_set))
     gname = _graph_name("allgather", name, tensor)
     out = graph_ops.collective(
@@ -200,6 +222,8 @@ def _allgather(tensor, name, process_set):
 
 def _broadcast(tensor, root_rank, name, process_set):
     if _eager():
+        if _bf16(tensor):
+            return _back(_broadcast(_f32(tensor), root_rank, name, process_set))
         return _wrap(rt.broadcast(_view(tensor), root_rank, name=name, process_set=process_set))
     gname = _graph_name("broadcast", name, tensor)
     out = graph_ops.collective(
@@ -213,6 +237,8 @@ def _broadcast(tensor, root_rank, name, process_set):
 def _reducescatter(tensor, name, op, pre, post, process_set):
     kw = dict(op=op, prescale_factor=pre, postscale_factor=post, process_set=process_set)
     if _eager():
+        if _bf16(tensor):
+            return _back(_reducescatter(_f32(tensor), name, op, pre, post, process_set))
         return _wrap(rt.reducescatter(_view(tensor), name=name, **kw))
     gname = _graph_name("reducescatter", name, tensor)
     out = graph_ops.collective(
@@ -400,6 +426,9 @@ def _alltoall(tensor, splits, name, process_set):
         return out, np.asarray(received, dtype=np.int64)
 
     if _eager():
+        if _bf16(tensor):
+            out, received = _alltoall(_f32(tensor), splits, name, process_set)
+            return _back(out), received
         out, received = run(_view(tensor), None if splits is None else np.asarray(splits), name)
         return _wrap(out), tf.convert_to_tensor(received)
     gname = _graph_name("alltoall", name, tensor)
