@@ -1,7 +1,7 @@
 import json
 
 from trainrun.facts.gpus import gpu_pool, parse_nvidia_smi
-from trainrun.plan.envcontract import JobInfo, rank_env, read_rank_env
+from trainrun.plan.envcontract import JobInfo, rank_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
 from trainrun.plan.render import plan_json, plan_table, redacted
@@ -30,11 +30,19 @@ def test_gpu_and_nic_env():
     assert iso["NCCL_SOCKET_IFNAME"] == iso["GLOO_SOCKET_IFNAME"] == iso["UCX_NET_DEVICES"] == "eth1,eth0"
 
 
-def test_read_rank_env_roundtrip():
-    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 2)], 4, gpu_pools={"b": (2, 3)})[2]
-    back = read_rank_env(rank_env(a, JOB))
-    assert (back.rank, back.size, back.local_rank, back.local_size, back.cross_rank, back.cross_size, back.gpus) == (2, 4, 0, 2, 1, 2, (2,))
-    assert read_rank_env({}) is None
+def test_the_runtime_accepts_the_contract_rank_env_writes_and_names_a_wrong_coordinate():
+    from dataclasses import replace
+
+    import pytest
+
+    from trainrun.runtime.topology import Topology, check_env
+
+    a = assign_ranks([HostSpec("a", 2), HostSpec("b", 2)], 4)[2]
+    topo = Topology(a.rank, a.size, a.local_rank, a.local_size, a.cross_rank, a.cross_size)
+    check_env(topo, rank_env(a, JOB))
+    check_env(topo, {})  # not started by trainrun: nothing to check
+    with pytest.raises(RuntimeError, match="TRAINRUN_CROSS_RANK=1 but MPI says 0"):
+        check_env(replace(topo, cross_rank=0), rank_env(a, JOB))
 
 
 def test_plan_table_and_json():
@@ -70,10 +78,10 @@ def test_tf_config_lists_every_worker_and_this_ranks_index():
     import json
 
     from trainrun.facts.model import HostFacts
-    from trainrun.plan.envcontract import tf_config
     from trainrun.plan.planner import tf_workers
 
-    doc = json.loads(tf_config(("10.0.0.1:5000", "10.0.0.2:6000"), 1))
+    two = assign_ranks([HostSpec("a", 1), HostSpec("b", 1)], 2)[1]
+    doc = json.loads(rank_env(two, JobInfo("j", "x", 1, tf_workers=("10.0.0.1:5000", "10.0.0.2:6000")))["TF_CONFIG"])
     assert doc == {"cluster": {"worker": ["10.0.0.1:5000", "10.0.0.2:6000"]}, "task": {"type": "worker", "index": 1}}
     here = HostFacts(hostname="m", cpus=2, python="p", trainrun="t", free_port=4000, worker_ports=(4001, 4002))
     a = assign_ranks([HostSpec("localhost", 2), HostSpec("127.0.0.1", 2)], 4)

@@ -6,7 +6,7 @@
                              local rank 0 it is the host's index)
 
 The launcher's placement extends it (RankAssignment: host, node, GPUs), the env contract carries it to
-the rank (RankEnv), and the runtime computes it again from the MPI world (Topology) and checks that the
+the rank (TRAINRUN_RANK ... TRAINRUN_CROSS_SIZE), and the runtime computes it again from the MPI world (Topology) and checks that the
 two agree.
 """
 from __future__ import annotations

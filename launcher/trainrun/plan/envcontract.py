@@ -1,16 +1,15 @@
-"""The per-rank environment contract (docs/architecture.md): RankAssignment -> env, and back for the runtime. Pure.
+"""The per-rank environment contract (docs/architecture.md): RankAssignment -> env. Pure.
 
 `rank_env` is everything trainrun adds to a rank's environment (a plan holds it as a RankEnvMap: the job's
-shared JobEnv plus the rank's numbers, built when read, so planning stays linear in the ranks);
-`read_rank_env` is what the runtime (`trainrun.torch` etc.) reads back. Host-side facts (OMP_NUM_THREADS from the host's cores, PMI_FD)
-are added where the process starts (supervisor/local.py), since only that host knows them.
+shared JobEnv plus the rank's numbers, built when read, so planning stays linear in the ranks); the
+runtime checks its coordinates against the MPI world (runtime/topology.check_env). Host-side facts
+(OMP_NUM_THREADS from the host's cores, PMI_FD) are added where the process starts (supervisor/local.py), since only that host knows them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
-from trainrun.plan.coords import RankCoords
 from trainrun.plan.placement import RankAssignment
 from trainrun.plan.roles import Task, cluster_of
 
@@ -172,11 +171,6 @@ def rank_env(a: RankAssignment, job: JobInfo) -> dict[str, str]:
     return dict(RankEnvMap(a, job_env(job, a.size, a.nnodes)))
 
 
-def tf_config(workers: tuple[str, ...], index: int) -> str:
-    """TF_CONFIG (JSON) for worker `index` of `workers`: what tf.distribute.MultiWorkerMirroredStrategy reads."""
-    return _cluster_prefix({"worker": workers}) + tf_task(Task("worker", index))
-
-
 # What a remote rank inherits from the launcher's environment (a local rank inherits all of it).
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONHASHSEED", "LANG", "LC_ALL", "TZ")
 FORWARD_PREFIXES = ("TRAINRUN_", "NCCL_", "UCX_", "FI_", "MPIR_CVAR_", "OMP_", "GLOO_", "TORCH_", "PYTORCH_", "HOROVOD_")
@@ -185,34 +179,3 @@ FORWARD_PREFIXES = ("TRAINRUN_", "NCCL_", "UCX_", "FI_", "MPIR_CVAR_", "OMP_", "
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the launcher's environment that remote ranks get (the README lists it)."""
     return {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
-
-
-@dataclass(frozen=True)
-class RankEnv(RankCoords):
-    """What a rank learns from its environment (the runtime's view of the contract)."""
-
-    hostname: str = ""
-    job_id: str = ""
-    gpus: tuple[int, ...] = ()
-
-
-def read_rank_env(environ: Mapping[str, str]) -> RankEnv | None:
-    """The contract as seen inside a rank, or None when the process was not started by trainrun."""
-    if "TRAINRUN_RANK" not in environ:
-        return None
-
-    def get(key: str) -> int:
-        return int(environ[f"TRAINRUN_{key}"])
-
-    gpus = environ.get("TRAINRUN_GPUS", "")
-    return RankEnv(
-        rank=get("RANK"),
-        size=get("SIZE"),
-        local_rank=get("LOCAL_RANK"),
-        local_size=get("LOCAL_SIZE"),
-        cross_rank=get("CROSS_RANK"),
-        cross_size=get("CROSS_SIZE"),
-        hostname=environ.get("TRAINRUN_HOSTNAME", ""),
-        job_id=environ.get("TRAINRUN_JOB_ID", ""),
-        gpus=tuple(int(g) for g in gpus.split(",") if g),
-    )

@@ -43,7 +43,7 @@ def from_mpi(comm) -> Topology:
 def check_env(topo: Topology, environ) -> None:
     """Raise RuntimeError naming every TRAINRUN_* coordinate that disagrees with the MPI world (or that is
     missing or not a number); nothing to check when the launcher set none (no TRAINRUN_RANK). The values are
-    compared as they are, not validated as a RankEnv first: a wrong contract is reported in full."""
+    compared as they are, not validated first: a wrong contract is reported in full."""
     if "TRAINRUN_RANK" not in environ:
         return
     try:
