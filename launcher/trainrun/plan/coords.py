@@ -30,7 +30,3 @@ class RankCoords:
                            (self.cross_rank, self.cross_size, "cross_")):
             if not 0 <= r < s:
                 raise ValueError(f"{what}rank {r} out of range for {what}size {s}")
-
-    def coords(self) -> RankCoords:
-        """Just the coordinates (subclasses carry more)."""
-        return RankCoords(*(getattr(self, f) for f in COORDS))
