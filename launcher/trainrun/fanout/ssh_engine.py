@@ -40,6 +40,11 @@ class SSHLink:
         self.local_address = transport.sock.getsockname()[0]
         self.channel = transport.open_session()
         self.channel.exec_command(command)
+        self.kernel_watch = ssh.watch_connection(client)  # a cut shows in seconds, not after --heartbeat-timeout
+
+    def why_ended(self) -> str | None:
+        """What the kernel said about the connection when it ended (ssh.connection_end), or None."""
+        return ssh.connection_end(self.client)
 
     def fileno(self) -> int:
         return self.channel.fileno()
