@@ -113,4 +113,5 @@ def test_cut_off_host_job_goes_on_and_grows_back(cluster, tmp_path):
             subprocess.run(["ip", "-n", "trt-sw", "link", "set", link, "up"], check=True)
     run.wait_for("size 6 restart 2", timeout=150)
     check_end(run, token, cluster)
-    assert "no word from the agent on h3" in run.stderr
+    # the heartbeat (3 s) or, as often first, the kernel ending the SSH connection (2 s without an answer)
+    assert "no word from the agent on h3" in run.stderr or "lost the agent on h3 (the SSH connection" in run.stderr

@@ -147,7 +147,8 @@ def test_a_host_cut_off_is_named_and_its_ranks_end_within_the_bound(cluster, tmp
         out, err = proc.communicate(timeout=60)
         text = err.decode()
         assert proc.returncode == 255, text
-        assert "no word from the agent on h3" in text
+        # the heartbeat (3 s) or, as often first, the kernel ending the SSH connection (2 s without an answer)
+        assert "no word from the agent on h3" in text or "lost the agent on h3 (the SSH connection" in text, text
         assert "h3 unreachable (tcp: connection to 10.241.0.4:22 timed out): its 2 rank(s) may still run; " \
                "the agent there ends them within " in text, text
         assert "stopped 1 of 3 rank(s)" in text

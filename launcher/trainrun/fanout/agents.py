@@ -110,7 +110,8 @@ class AgentRanks:
         if ended and not self._ended:
             self._ended = True
             sel.unregister(self.link.fileno())
-            self._lose(f"lost the agent on {self.host} (connection dropped or agent killed)")
+            why = getattr(self.link, "why_ended", lambda: None)()  # what the kernel said, where the engine knows
+            self._lose(f"lost the agent on {self.host} ({why or 'connection dropped or agent killed'})")
 
     def _lose(self, message: str) -> None:
         """Report every rank not yet reported as lost (the host is gone for this job), and start cleaning

@@ -35,6 +35,8 @@ class AgentLink(Protocol):
     def wait(self, timeout: float) -> None: ...  # until the agent has ended (or timeout)
     def close(self, wait: float) -> None: ...    # shutdown, then wait
     def disconnect(self) -> None: ...
+    # optional: why_ended() -> str | None, what the kernel said of a connection that ended (timed out, reset);
+    # the SSH engine's links have it (AgentRanks names the cause of a lost host with it)
 
 
 class ModuleChannel(Protocol):

@@ -316,3 +316,57 @@ def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None, cw
         raise ValueError("NUL byte in argv, env or cwd")
     command = shlex.join(["exec", *(["env", *(f"{k}={v}" for k, v in env.items())] if env else []), *argv])
     return f"cd {shlex.quote(cwd)} && {command}" if cwd is not None else command
+
+
+# How long the kernel may go without an answer from the other host's kernel before it ends an agent's TCP
+# connection (TCP_USER_TIMEOUT), and when it asks on a quiet connection (keepalive probes: first after
+# KEEPALIVE_IDLE_S of silence, then every KEEPALIVE_EVERY_S). ACKs come from the peer's kernel whatever its
+# processes do, so a loaded, swapping or paused agent host still answers: only a cut network, or a host
+# that is down, goes silent this long. The heartbeat (--heartbeat-timeout) stays for what the kernel cannot
+# see: an agent that is hung or stopped while its host is fine.
+KERNEL_TIMEOUT_S = 2.0
+KEEPALIVE_IDLE_S, KEEPALIVE_EVERY_S = 1, 1
+
+
+def watch_connection(client: paramiko.SSHClient, timeout_s: float = KERNEL_TIMEOUT_S) -> bool:
+    """Have the kernel end `client`'s TCP connection after `timeout_s` without an answer from the other host
+    (TCP_USER_TIMEOUT over our data and keepalive probes): paramiko's transport then fails with ETIMEDOUT, its
+    channels close, and the agent's link reads as ended at once (ssh_engine.SSHLink.why_ended says why).
+    False where it cannot be set (no TCP socket under the transport, e.g. a ProxyCommand; no such option on
+    this system): the heartbeat alone then notices a cut."""
+    sock = getattr(client.get_transport(), "sock", None)
+    if not isinstance(sock, socket.socket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if user_timeout is None or not hasattr(socket, "TCP_KEEPIDLE"):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, KEEPALIVE_EVERY_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, int(timeout_s // KEEPALIVE_EVERY_S) + 1))
+        sock.setsockopt(socket.IPPROTO_TCP, user_timeout, int(timeout_s * 1000))
+    except OSError as err:
+        log.info("cannot set TCP liveness options on the SSH connection: %s", err)
+        return False
+    return True
+
+
+def connection_end(client: paramiko.SSHClient) -> str | None:
+    """Why `client`'s SSH connection ended, in words, or None while it is up (an agent's channel that ended
+    on a live connection: the agent exited or was killed, the host answers). The kernel's error is said
+    when paramiko got it; a timeout often reaches paramiko as a plain end of stream (whichever call runs
+    first takes the socket's error), hence the wording of the last case."""
+    import errno
+
+    transport = client.get_transport()
+    if transport is None or transport.is_active():
+        return None
+    err = transport.saved_exception
+    if isinstance(err, OSError) and err.errno is not None:
+        if err.errno == errno.ETIMEDOUT:
+            return f"the SSH connection timed out: no answer from the host for {KERNEL_TIMEOUT_S:g}s (network cut or host down)"
+        if err.errno in (errno.ECONNRESET, errno.EPIPE):
+            return "the SSH connection was reset by the host"
+        return f"the SSH connection failed: {err.strerror or err}"
+    return f"the SSH connection ended: the host stopped answering for {KERNEL_TIMEOUT_S:g}s, or closed it"
