@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from trainrun.agent import wire
 from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
@@ -37,6 +38,9 @@ from trainrun.facts.collect import launch_facts
 from trainrun.supervisor.groups import ExitInfo
 from trainrun.supervisor.local import LocalRanks
 from trainrun.supervisor.watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from trainrun.supervisor.control import ControlServer
 
 
 class LauncherGone(Exception):
@@ -54,7 +58,7 @@ class Agent:
         self.kvsname: str | None = None  # the MPI world's name, to remove its /dev/shm segments here
         self.elastic = False
         self.restartable = False  # a parameter-server job's host: stay until the launcher closes the channel
-        self.control = None  # an elastic job's ControlServer; its SegmentStore lives as long as the agent
+        self.control: ControlServer | None = None  # an elastic job's ControlServer; its SegmentStore lives as long as the agent
         self._last_heard = self._last_beat = time.monotonic()
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
@@ -164,6 +168,7 @@ class Agent:
 
     def _end_attempt(self) -> None:
         """An elastic job's attempt ended here: nothing of it is left, then DONE (the launcher waits for it)."""
+        assert self.ranks is not None  # an attempt's ranks end once
         self.ranks.kill()
         self.ranks.close(self.sel)
         self.ranks = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -193,7 +193,7 @@ def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
         return SIGPIPE_EXIT
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     argv = sys.argv[1:] if argv is None else argv
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # Started with SIGINT ignored (`trainrun ... &` in a script: the shell does that): Python then leaves it

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Sequence
 
 from trainrun.diag.stacks import Frame, RankStack
 from trainrun.rankset import describe_ranks
@@ -80,7 +81,7 @@ def group_stacks(stacks: list[RankStack]) -> list[tuple[list[int], RankStack]]:
     return out
 
 
-def render(stacks: list[RankStack], reason: str, missing: list[int] = ()) -> str:
+def render(stacks: list[RankStack], reason: str, missing: Sequence[int] = ()) -> str:
     """The text printed on the launcher's stderr."""
     groups = group_stacks(stacks)
     lines = [f"trainrun: stacks of {len(stacks)} rank(s) ({reason}): {len(groups)} different"]

@@ -130,7 +130,9 @@ _FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 def parse_faulthandler(text: str, main_ident: int | None = None) -> tuple[ThreadStack, ...]:
     """faulthandler's all-threads dump -> threads (the main thread, by its ident, first)."""
-    threads, name, frames = [], None, []
+    threads: list[ThreadStack] = []
+    frames: list[Frame] = []
+    name: str | None = None
 
     def close():
         if name is not None:
@@ -182,12 +184,13 @@ def _py_spy_finish(proc: subprocess.Popen, deadline: float) -> tuple[tuple[Threa
 
 def _faulthandler(target: Target) -> tuple[tuple[ThreadStack, ...] | None, str]:
     hook = target.hook
+    assert hook is not None  # take_stacks asks faulthandler only of a rank whose hook announced itself
     try:
         start = os.path.getsize(hook.path)
         os.kill(hook.pid, signal.SIGUSR2)
     except OSError as e:
         return None, f"faulthandler: {e.strerror}"
-    deadline, size, stable_since = time.monotonic() + FAULTHANDLER_WAIT_S, start, None
+    deadline, size, stable_since = time.monotonic() + FAULTHANDLER_WAIT_S, start, time.monotonic()
     while time.monotonic() < deadline:  # the handler writes in pieces: wait until the file stops growing
         time.sleep(0.05)
         now_size = os.path.getsize(hook.path) if os.path.exists(hook.path) else start
@@ -216,11 +219,11 @@ def take_stacks(targets: list[Target], py_spy: str | None) -> list[RankStack]:
     if py_spy:
         for native in (True, False):
             todo = [t for t in targets if t.rank not in results]
-            procs = [(t, _py_spy_start(py_spy, t.hook.pid if t.hook else t.pid, native)) for t in todo]
-            for t, proc in procs:
+            procs = [(t, pid, _py_spy_start(py_spy, pid, native)) for t in todo for pid in [t.hook.pid if t.hook else t.pid]]
+            for t, pid, proc in procs:
                 threads, error = _py_spy_finish(proc, deadline)
                 if threads is not None:
-                    results[t.rank] = RankStack(t.rank, t.host, proc.args[3] and int(proc.args[3]), "py-spy", threads)
+                    results[t.rank] = RankStack(t.rank, t.host, pid, "py-spy", threads)
                 elif not native:
                     errors[t.rank].append(error)
     else:

@@ -25,7 +25,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from trainrun.errors import HostError, HostsError
 from trainrun.facts.model import Nic
@@ -127,7 +127,7 @@ def probe_hosts(engine: FanoutEngine, hosts: Sequence[str], python: str | Mappin
     Every host serves, then all probe at once (probe_served); servers end when their channel closes, which
     this function does before it returns or raises. Raises HostsError (stage "probe") naming each host that failed."""
     nonces = {h: secrets.token_hex(8) for h in hosts}
-    channels = []
+    channels: list[Any] = []
     try:
         servers = {h: _start(engine, h, python, ["serve", h, nonces[h]], timeout, channels) for h in hosts}
         tables = _gather(servers, lambda ch: ch.readline())
@@ -143,7 +143,7 @@ def probe_served(engine: FanoutEngine, python: str | Mapping[str, str], tables: 
     `python -m trainrun.facts serve`): `tables` holds each server's first line, `nonces` the nonce it was
     started with. Every host probes all others at once; the servers are the caller's to close, after this
     returns. Raises HostsError (stage "probe") naming each host whose prober failed."""
-    channels = []
+    channels: list[Any] = []
     try:
         probers = {}
         for h in tables:
@@ -232,7 +232,7 @@ def serve(host: str, nonce: str, lifetime: float = 600.0, extra: dict | None = N
     while True:
         for key, _ in sel.select():
             try:
-                conn, _ = key.fileobj.accept()
+                conn, _ = cast(socket.socket, key.fileobj).accept()
                 with conn:
                     conn.sendall(identity)
             except OSError:

@@ -200,7 +200,7 @@ def _named_sources(func, text: str) -> str:
     import re
     import types
 
-    codes = {}
+    codes: dict[str, str] = {}
     for obj in [func, *vars(sys.modules.get("__main__", types.ModuleType("m"))).values()]:
         code = getattr(obj, "__code__", None)
         if isinstance(code, types.CodeType):

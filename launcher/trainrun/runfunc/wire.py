@@ -86,8 +86,8 @@ class Collector:
             return line
         m = _PREFIX.match(line)
         try:
-            attempt, rank, i, n, text = line[at + len(self.mark):].rstrip(b"\n").split(b" ", 4)
-            key, i, n = (int(attempt), int(rank)), int(i), int(n)
+            attempt, rank, index, count, text = line[at + len(self.mark):].rstrip(b"\n").split(b" ", 4)
+            key, i, n = (int(attempt), int(rank)), int(index), int(count)
         except ValueError:
             return line
         got = self._pieces.setdefault(key, {})
