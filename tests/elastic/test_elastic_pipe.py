@@ -51,7 +51,8 @@ def test_host_dies_job_shrinks_then_grows_back(tmp_path):
     assert sorted(finals) == [0, 1, 2] and len({f[0] for f in finals.values()}) == 1, finals
     assert finals[0][0].startswith(f"final step {steps} ")
     assert "[0]<stdout>:reset size 2 lr 0.02" in run.lines and "[0]<stdout>:reset size 3 lr 0.03" in run.lines
-    assert "far3 sits out 1s" in run.stderr and "hosts changed (far1, far2 -> far1, far2, far3)" in run.stderr
+    assert "restart 1 in 0s; far3 sits out 1s" in run.stderr  # no back-off: the failed host sits the next attempt out
+    assert "hosts changed (far1, far2 -> far1, far2, far3)" in run.stderr
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
 
 
@@ -63,7 +64,7 @@ def test_max_restarts_resumes_a_program_that_failed_once(tmp_path):
     seen = steps_seen(run.lines)
     assert seen[:5] == [(s, 2, 0) for s in range(1, 6)]
     assert seen[5:] == [(s, 2, 1) for s in range(6, 13)]  # TRAINRUN_RESTART_COUNT 1, resumed from the commit at 5
-    assert "failing at step 5" in run.stderr and "restart 1 of 2" in run.stderr
+    assert "failing at step 5" in run.stderr and "restart 1 of 2 in 0.5s" in run.stderr  # same hosts: a back-off
     assert "1 failure(s) in 2 attempt(s)" in run.stderr
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
 

@@ -72,6 +72,11 @@ def test_backoff_doubles_and_is_capped():
     assert [backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0] and backoff(50) == 30.0
 
 
+def test_no_backoff_when_the_failed_host_sits_out():
+    assert backoff(1, host_sits_out=True) == 0.0 and backoff(5, host_sits_out=True) == 0.0
+    assert backoff(1, host_sits_out=False) == 0.5
+
+
 def test_settings_defaults_and_description():
     assert not ElasticSettings().enabled and ElasticSettings(max_restarts=1).enabled
     assert ELASTIC.sizing and ELASTIC.restarts_left(1000)

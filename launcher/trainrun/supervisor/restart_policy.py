@@ -122,8 +122,12 @@ def pick_hosts(candidates: list[HostSpec], book: HostBook, now: float, settings:
     return Pick(tuple(hosts), want)
 
 
-def backoff(failures: int) -> float:
-    """Seconds before the restart that follows the `failures`-th failure."""
+def backoff(failures: int, host_sits_out: bool = False) -> float:
+    """Seconds before the restart that follows the `failures`-th failure; none when the failure was a host's
+    and that host sits the next attempt out (`host_sits_out`, elastic sizing): the back-off keeps a failure
+    from repeating at once on the same hosts, and the survivors, none of which failed, run without it."""
+    if host_sits_out:
+        return 0.0
     return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, failures - 1))
 
 

@@ -141,8 +141,7 @@ class ElasticLoop:
             if not self.settings.restarts_left(self.restarts):
                 self.failures.append(replace(record, action="restarts exhausted"))
                 return self._finish(err.exit_code, None, f"restarts exhausted after {self.restarts} restart(s)")
-            self._restart(record, None)
-            self._sleep(backoff(self.restarts))
+            self._sleep(self._restart(record, None))
         return False
 
     def _attempt(self, pick: Pick) -> int | None:
@@ -186,22 +185,24 @@ class ElasticLoop:
         if not self.settings.restarts_left(self.restarts):
             self.failures.append(replace(record, action=f"restarts exhausted ({self.restarts} of {self.settings.max_restarts})"))
             return self._finish(f.exit_code, result.summary(size), f"restarts exhausted after {self.restarts} restart(s)")
-        self._restart(record, job.failed_host)
-        self._sleep(backoff(self.restarts))
+        self._sleep(self._restart(record, job.failed_host))
         return None
 
-    def _restart(self, record: FailureRecord, host: str | None) -> None:
-        """Count a failure that leads to a restart; cool its host down (elastic sizing)."""
+    def _restart(self, record: FailureRecord, host: str | None) -> float:
+        """Count a failure that leads to a restart; cool its host down (elastic sizing). Returns the back-off
+        before the restart: none when the failed host sits out (a lost host: the survivors go on at once)."""
         self.restarts += 1
         limit = "" if self.settings.max_restarts is None else f" of {self.settings.max_restarts}"
-        action = f"restart {self.restarts}{limit} in {backoff(self.restarts):g}s"
-        if self.settings.sizing and host is not None:
-            wait = self.book.fail(host, time.monotonic())
-            action += f"; {host} sits out " + _for(wait)
+        sits_out = self.book.fail(host, time.monotonic()) if self.settings.sizing and host is not None else 0.0
+        wait = backoff(self.restarts, host_sits_out=sits_out > 0)
+        action = f"restart {self.restarts}{limit} in {wait:g}s"
+        if sits_out > 0:
+            action += f"; {host} sits out " + _for(sits_out)
             if self.pool is not None and host in self.pool.agents and self.pool.agents[host].lost:
                 self.pool.drop(host)
         self.failures.append(replace(record, action=action))
         print(f"trainrun: {record.cause}; {action}", file=sys.stderr, flush=True)
+        return wait
 
     def _hosts_changed(self) -> dict | None:
         """While an attempt runs: would the next one run elsewhere or with more ranks? (the HostWatch asks)"""
