@@ -10,7 +10,8 @@ restarted job. Scenarios, interleaved round by round on this machine:
     trainrun elastic (pipe)      2 "hosts" x 2 through the pipe engine, one host's ranks killed, 2 go on
     torchrun --max-restarts      --standalone --nproc-per-node 4, one rank killed, all 4 restarted from the disk checkpoint
     --cluster adds, on 3 simulated hosts x 2 (SSH): one host's ranks killed; and one host's network cut
-    (--heartbeat-timeout 3), 4 ranks go on.
+    (default --heartbeat-timeout: the kernel's end of the SSH connection names it lost), 4 ranks go on.
+--anchor-only: of the one-machine scenarios only torchrun's (the anchor), and no commit table.
 commit(): a 2-rank trainrun job commits a TorchState of 1, 16, 64, 256 MiB beside a memcpy of the same bytes
 (scripts/bench_commit_worker.py); --commit-only runs just that and replaces its section of --out.
 --phases: the restart path cut into steps (detect, stop, back-off + plan, process start, interpreter, import
@@ -200,8 +201,8 @@ PHASES_START, PHASES_END = "<!-- restart-phases: written by scripts/bench_elasti
 
 
 def commit_costs(env: dict, sizes=(1, 16, 64, 256)) -> dict[int, tuple[float, ...]]:
-    """{MiB: (commit, memcpy, memcpy to two buffers in turn, xxh3, crc32, fastest commit, fastest memcpy)} in
-    seconds, medians but the last two (bench_commit_worker.py)."""
+    """{MiB: (commit, memcpy, memcpy to two buffers in turn, xxh3, crc32, fastest commit, fastest memcpy, CPU time
+    of commit, CPU time of memcpy)} in seconds, medians but the fastest (bench_commit_worker.py)."""
     worker = str(REPO / "scripts" / "bench_commit_worker.py")
     r = subprocess.run([sys.executable, "-m", "trainrun", "-np", "2", "--max-restarts", "1", worker,
                         ",".join(map(str, sizes))], capture_output=True, text=True, env=env, timeout=900)
@@ -228,14 +229,16 @@ def commit_table(costs) -> list[str]:
              "Beside it, in the same process and interleaved round by round: a plain memcpy of the same bytes "
              "(`np.copyto` into one warm buffer, and into two buffers in turn as a segment's two slots are written), "
              "and the payload checksums alone; a 50 ms pause before every timed call (the training step between commits; "
-             "each call then starts with caches as cold as the others'). Medians of 15 rounds, and the fastest of them.", "",
+             "each call then starts with caches as cold as the others'), and a barrier before each commit's pause (a "
+             "training step's allreduce lines the ranks up). Medians of 15 rounds, and the fastest of them; CPU: the "
+             "calling thread's CPU time (thread_time), which leaves out the waits for a core on a loaded machine.", "",
              "| state (MiB) | commit() ms | ms/MiB | memcpy ms | commit / memcpy | memcpy, 2 buffers ms | commit / that | "
-             "fastest commit / fastest memcpy (ms) | xxh3 ms | crc32 ms |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for mib, (commit, copy, copy2, xxh, crc, cmin, mmin) in costs.items():
+             "fastest commit / fastest memcpy (ms) | CPU: commit / memcpy (ms) | xxh3 ms | crc32 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mib, (commit, copy, copy2, xxh, crc, cmin, mmin, ccpu, mcpu) in costs.items():
         lines.append(f"| {mib} | {commit * 1e3:.2f} | {commit * 1e3 / mib:.3f} | {copy * 1e3:.2f} | {commit / copy:.1f}x | "
                      f"{copy2 * 1e3:.2f} | {commit / copy2:.1f}x | {cmin / mmin:.1f}x ({cmin * 1e3:.2f} / {mmin * 1e3:.2f}) | "
-                     f"{xxh * 1e3:.2f} | {crc * 1e3:.2f} |")
+                     f"{ccpu / mcpu:.1f}x ({ccpu * 1e3:.2f} / {mcpu * 1e3:.2f}) | {xxh * 1e3:.2f} | {crc * 1e3:.2f} |")
     return lines + [COMMIT_END]
 
 
@@ -259,6 +262,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "elastic.md"))
     ap.add_argument("--commit-only", action="store_true", help="only the commit() table (replaced in --out)")
     ap.add_argument("--phases", action="store_true", help="only the restart path step by step (replaced in --out)")
+    ap.add_argument("--anchor-only", action="store_true",
+                    help="of the one-machine scenarios only torchrun's (the anchor beside --cluster's), and no commit table")
     args = ap.parse_args()
     if args.commit_only or args.phases:
         if args.phases:
@@ -285,6 +290,8 @@ def main() -> int:
              WORKER],
             lambda e: e.get("RANK") == "3" and e.get("MODE") == "torchrun"),
     }
+    if args.anchor_only:
+        scenarios = {k: v for k, v in scenarios.items() if k.startswith("torchrun")}
     times: dict[str, list[float]] = {k: [] for k in scenarios}
     relaunches: dict[str, list[float]] = {k: [] for k in scenarios}
     for r in range(args.rounds):
@@ -316,19 +323,20 @@ def main() -> int:
             for name, extra, kw in (
                     ("trainrun elastic, 3 simulated hosts x 2, 1 host's ranks killed; 4 go on", [],
                      {"pred": lambda e: e.get("TRAINRUN_HOSTNAME") == "h3"}),
-                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's network cut (--heartbeat-timeout 3); 4 go on",
-                     ["--heartbeat-timeout", "3"], {"pred": None, "cut": cut, "restore": restore})):
+                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's network cut (default --heartbeat-timeout 15: "
+                     "the kernel ends the SSH connection); 4 go on",
+                     [], {"pred": None, "cut": cut, "restore": restore})):
                 times[name], relaunches[name] = [], []
                 for r in range(args.rounds):
                     total, relaunch = recovery([*base, *extra, WORKER], {**env, "MODE": "trainrun"}, **kw)
                     times[name].append(total)
                     relaunches[name] += [relaunch] if relaunch is not None else []
                     print(f"round {r + 1}: {name}: {total:.2f}s (relaunch {relaunch})", file=sys.stderr, flush=True)
-    costs = commit_costs({**env})
+    costs = None if args.anchor_only else commit_costs({**env})
     lines = ["# Elastic recovery and commit() cost", "", *machine_lines(), "",
              f"Time from SIGKILL of the victim (at step {KILL_AT}) to the first training step of the restarted job; "
              f"median of {args.rounds} round(s), rounds interleaved. `python scripts/bench_elastic.py"
-             f"{' --cluster' if args.cluster else ''} --rounds {args.rounds}`.", "",
+             f"{' --cluster' if args.cluster else ''}{' --anchor-only' if args.anchor_only else ''} --rounds {args.rounds}`.", "",
              "The launcher's share is the time from the kill to trainrun starting the next attempt's ranks (detect, stop "
              "the others, wait for every agent's DONE, 0.5 s back-off, plan, send the JOBs); the rest is the new ranks' "
              "start-up (interpreter, `import torch`, MPI_Init, `state.sync()`) and one step.", "",
@@ -337,7 +345,8 @@ def main() -> int:
     for name, ts in times.items():
         share = f"{med(relaunches[name]):.2f}" if relaunches.get(name) else "-"
         lines.append(f"| {name} | {med(ts):.2f} | {share} | {', '.join(f'{t:.2f}' for t in ts)} |")
-    lines += ["", *commit_table(costs)]
+    if costs is not None:
+        lines += ["", *commit_table(costs)]
     write_out("\n".join(lines) + "\n", args.out)
     return 0
 
