@@ -93,7 +93,7 @@ def run_job(cfg: LaunchConfig, source: HostSource, shape: JobShape, facts: dict)
         agents = open_agents(engine, shape.remote, timeout=cfg.ssh_timeout + AGENT_START_SLACK)
     try:
         facts = {**facts, **{name: agent.facts for name, agent in agents.items()}}
-        nics = ()
+        nics: tuple[str, ...] = ()
         if agents:
             from trainrun.net.choice import choose_nics
 

@@ -56,6 +56,7 @@ class AgentRanks:
         self._lost_ranks = 0
         self._sweep: threading.Thread | None = None
         self._sweep_result: list = []
+        self._lost_at = self._silent_since = 0.0  # when the host was lost, and last heard before (_start_sweep)
         self.host = link.host
         self.facts = facts
         self.reader = reader or wire.FrameReader()
@@ -117,6 +118,7 @@ class AgentRanks:
         """Report every rank not yet reported as lost (the host is gone for this job), and start cleaning
         the host up over a fresh connection."""
         if self._pending:
+            assert self.events is not None  # ranks are pending only once start() gave the events
             lost = len(self._pending)
             self._start_sweep(lost)
             self.events.on_host_lost(self.host, message)
@@ -157,6 +159,7 @@ class AgentRanks:
         self.may_still_run = n
 
     def _dispatch(self, kind: bytes, rank: int, payload: bytes) -> None:
+        assert self.events is not None  # frames are read only once start() gave the events
         if kind in wire.KIND_STREAM:
             self.events.on_output(rank, wire.KIND_STREAM[kind], payload)
         elif kind == wire.EXIT:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import IO
 
 from trainrun.errors import HostError
 from trainrun.plan.hosts import HostSpec
@@ -20,27 +21,28 @@ class PipeLink:
         self.host = host
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=new_session)
-        for f in (self.proc.stdout, self.proc.stderr):
+        self.stdin, self.stdout, self.stderr = _pipes(self.proc)
+        for f in (self.stdout, self.stderr):
             os.set_blocking(f.fileno(), False)
 
     def fileno(self) -> int:
-        return self.proc.stdout.fileno()
+        return self.stdout.fileno()
 
     def read(self) -> tuple[bytes, bytes, bool]:
-        out = _read_available(self.proc.stdout.fileno())
-        err = _read_available(self.proc.stderr.fileno())
+        out = _read_available(self.stdout.fileno())
+        err = _read_available(self.stderr.fileno())
         return out or b"", err or b"", out == b""
 
     def write(self, data: bytes) -> None:
         try:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            self.stdin.write(data)
+            self.stdin.flush()
         except (BrokenPipeError, ValueError):
             pass
 
     def shutdown(self) -> None:
         try:
-            self.proc.stdin.close()
+            self.stdin.close()
         except BrokenPipeError:
             pass
 
@@ -59,6 +61,12 @@ class PipeLink:
         pass
 
 
+def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
+    """The stdin, stdout and stderr of a process started with all three as PIPEs."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    return proc.stdin, proc.stdout, proc.stderr
+
+
 def _read_available(fd: int) -> bytes | None:
     """What can be read without blocking: bytes, b"" at EOF, None when nothing is there yet."""
     try:
@@ -70,28 +78,29 @@ def _read_available(fd: int) -> bytes | None:
 class PipeModuleChannel:
     def __init__(self, argv: list[str]):
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.stdin, self.stdout, self.stderr = _pipes(self.proc)
 
     def readline(self) -> bytes:
-        return self.proc.stdout.readline()
+        return self.stdout.readline()
 
     def read(self) -> bytes:
-        return self.proc.stdout.read()
+        return self.stdout.read()
 
     def send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+        self.stdin.write(data)
+        self.stdin.flush()
 
     def close_stdin(self) -> None:
-        self.proc.stdin.close()
+        self.stdin.close()
 
     def exit_status(self) -> int:
         return self.proc.wait()
 
     def stderr_text(self) -> str:
-        return self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+        return self.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
 
     def close(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for f in (self.stdin, self.stdout, self.stderr):
             try:
                 f.close()
             except OSError:

@@ -45,7 +45,7 @@ class EarlyStderr:
     def __init__(self, host: str):
         self.host, self._buf = host, b""
 
-    def feed(self, err: bytes) -> None:
+    def feed(self, err: bytes | bytearray) -> None:
         if err and len(self._buf) < self.LIMIT:
             self._buf += err
             whole = self._buf[:self._buf.rfind(b"\n") + 1]

@@ -18,6 +18,7 @@ from trainrun.plan.hosts import HostSpec
 if TYPE_CHECKING:
     from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.base import FanoutEngine
+    from trainrun.slurm.allocation import Allocation
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class HostSource:
     engine: str                  # "ssh" or "slurm"
     reason: str                  # one line, for --dry-run and --check
     default_np: int | None = None
-    allocation: object = None    # the slurm.allocation.Allocation, when the hosts or the engine are Slurm's
+    allocation: Allocation | None = None  # when the hosts or the engine are Slurm's
 
 
 def host_source(cfg: LaunchConfig, environ: Mapping[str, str]) -> HostSource:
@@ -59,6 +60,8 @@ def engine_for(cfg: LaunchConfig, source: HostSource) -> FanoutEngine:
     python = cfg.python or sys.executable
     if source.engine == "slurm":
         from trainrun.fanout.srun_engine import SrunEngine
+
+        assert source.allocation is not None  # host_source picks the slurm engine only inside an allocation
 
         return SrunEngine(source.allocation, python, strict_python=cfg.python is not None)
     from trainrun.fanout.ssh_engine import SSHEngine, ssh_options

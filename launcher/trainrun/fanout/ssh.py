@@ -40,7 +40,7 @@ class _LazyInvoke:
 if "paramiko" not in sys.modules and "invoke" not in sys.modules:
     # paramiko imports the optional `invoke` (~50 ms, 40% of its import) only for `Match exec` in ssh
     # configs: make that import fail fast, then hand paramiko a lazy stand-in.
-    sys.modules["invoke"] = None
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # None there: `import invoke` fails
     try:
         import paramiko
     finally:
@@ -244,7 +244,7 @@ def classify(t: SSHTarget, e: BaseException, authenticating: bool = False) -> Ho
     if isinstance(e, ConnectionRefusedError):
         return HostError(t.host, "tcp", f"connection to {where} refused",
                          hint=f"is sshd running there? {PORT_HINT}")
-    return HostError(t.host, "tcp", f"cannot connect to {where}: {e.strerror or _one_line(str(e))}",
+    return HostError(t.host, "tcp", f"cannot connect to {where}: {getattr(e, 'strerror', None) or _one_line(str(e))}",
                      hint="check the host's address and network")
 
 
@@ -267,12 +267,13 @@ def connect_each(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) 
         _close_connected(futures.values())
         raise
     pool.shutdown()
-    others = [f.exception() for f in futures.values() if f.exception() and not isinstance(f.exception(), HostError)]
+    failed = {h: err for h, f in futures.items() if (err := f.exception()) is not None}
+    others = [err for err in failed.values() if not isinstance(err, HostError)]
     if others:
         _close_connected(futures.values())
         raise others[0]
-    clients = {h: f.result() for h, f in futures.items() if f.exception() is None}
-    return clients, {h: f.exception() for h, f in futures.items() if f.exception() is not None}
+    clients = {h: f.result() for h, f in futures.items() if h not in failed}
+    return clients, {h: err for h, err in failed.items() if isinstance(err, HostError)}
 
 
 def connect_all(hosts: Iterable[str], opts: SSHOptions, parallelism: int = 32) -> dict[str, paramiko.SSHClient]:
