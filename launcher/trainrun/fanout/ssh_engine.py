@@ -7,10 +7,16 @@ a NEW connection (the old one may be wedged behind a stopped agent or a dead lin
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from trainrun.errors import HostError
 from trainrun.fanout import ssh
 from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
 from trainrun.plan.hosts import HostSpec
+
+if TYPE_CHECKING:
+    from trainrun.cli.config import LaunchConfig
 
 
 def python_module_command(python: str, module: str, *args: str, strict: bool = False) -> str:
@@ -19,13 +25,11 @@ def python_module_command(python: str, module: str, *args: str, strict: bool = F
     return ssh.remote_command(python_module_argv(python, module, *args, strict=strict))
 
 
-def ssh_options(cfg) -> ssh.SSHOptions:
+def ssh_options(cfg: LaunchConfig) -> ssh.SSHOptions:
     """SSHOptions from the launch options (None fields fall back to the ssh config, then OpenSSH defaults)."""
-    kwargs = dict(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file, strict=cfg.ssh_strict,
-                  connect_timeout=cfg.ssh_timeout)
-    if cfg.ssh_config:
-        kwargs["ssh_config"] = cfg.ssh_config
-    return ssh.SSHOptions(**kwargs)
+    opts = ssh.SSHOptions(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file, strict=cfg.ssh_strict,
+                          connect_timeout=cfg.ssh_timeout)
+    return replace(opts, ssh_config=cfg.ssh_config) if cfg.ssh_config else opts
 
 
 class SSHLink:
