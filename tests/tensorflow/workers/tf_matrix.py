@@ -76,8 +76,9 @@ def run(mode, build):
         return outs
     if mode == "eager":
         values = [t.numpy() for t in body()]
-    elif mode == "tf.function":
-        values = [t.numpy() for t in tf.function(body)()]
+    elif mode == "tf.function":  # (without autograph: converting every function the body calls, trainrun's
+        # included, made tracing the slowest part; tests/tensorflow/test_horovod_tf.py keeps autograph on)
+        values = [t.numpy() for t in tf.function(body, autograph=False)()]
     else:
         with tf.Graph().as_default():
             outs = body()
