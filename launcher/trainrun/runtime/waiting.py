@@ -22,6 +22,10 @@ Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
 - `wait_request(request)`: complete an MPI request (a data transfer) by that rule, with the budget
   TRANSFER_SPIN_S (see there; 2 ms cost a 16 MiB allreduce ~15% on an idle host). In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
+- `TransferWait(policy, blocked).wait`: the wait an engine gives its MPI backend when it makes it: the
+  policy's wait_request in a caller's thread; in the engine's background thread, polls that yield the
+  CPU while nobody is blocked on the engine. The engine's parts get the policy at construction too
+  (Engine(policy=POLICY)); nothing swaps a part's wait later.
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
   this one included) against the CPUs this process may run on (os.sched_getaffinity), read at most
   every SAMPLE_S (a pread of an open file, a few microseconds). Host-wide: a job pinned to some cores
