@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.agents import AgentRanks
     from trainrun.supervisor.control import ControlServer
+    from trainrun.supervisor.groups import RankGroup
 
 
 def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRanks], facts: dict,
@@ -56,22 +57,22 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
     ps = cfg.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
     by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
     local = [p for p in plan.procs if p.host not in agents]
-    groups = [LocalRanks(local, pmi=mpi, control=control)] if local else []
+    groups: list[RankGroup] = [LocalRanks(local, pmi=mpi, control=control)] if local else []
     forward = forwarded_env(os.environ)
     for name, agent in agents.items():
         agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
                      heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
         groups.append(agent)
-    options = dict(grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
-                   output_dir=cfg.output_dir)
     sink = sink_for(cfg, len(plan.procs))
+    kind: type[Job] = Job
+    policy = None
     if attempt is not None:
         from trainrun.supervisor.attempt import AttemptJob
 
-        return AttemptJob(plan, sink, groups, **options)
-    policy = None
-    if ps:
+        kind = AttemptJob
+    elif ps:
         from trainrun.supervisor.ps_policy import PsPolicy
 
         policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
-    return Job(plan, sink, groups, ps_policy=policy, **options)
+    return kind(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
+                output_dir=cfg.output_dir, ps_policy=policy)

@@ -1,5 +1,5 @@
-"""One attempt of an elastic job: the Job (job.py) with three differences, and the group that watches the
-hosts while it runs.
+"""One attempt of an elastic job: the Job (job.py) with three differences, and a watch on the hosts while it
+runs. (assemble.py puts an attempt together, as it does a static job.)
 
 AttemptJob differs from Job in that
 - a rank that exits with RESET_EXIT_CODE after the launcher told the ranks that the hosts changed is not a
@@ -8,13 +8,14 @@ AttemptJob differs from Job in that
   ranks at once but after SETTLE s, so that a failure every rank shares (an import error) shows as such;
 - it records how each rank ended (RankEnd) and which host failed, for the elastic policy.
 
-HostWatch is a RankGroup without ranks: the Job calls its `tick` from its loop, and it asks the elastic
-loop (a callback) whether the hosts changed; if so it notifies every rank once (through the agents, and
-the launcher's own control channels) and lets AttemptJob honour their reset exits.
+`watch_hosts` registers a tick hook with the Job: every WATCH_EVERY s it asks the elastic loop (a callback)
+whether the hosts changed; the first time they did, it notifies every rank (through the agents, and the
+launcher's own control channels) and from then on honours their reset exits.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from trainrun.elastic.protocol import RESET_EXIT_CODE
 from trainrun.supervisor.restart_policy import STARTUP_WINDOW, RankEnd
@@ -24,6 +25,7 @@ from trainrun.supervisor.result import Failure, exit_code_of
 
 SETTLE = 3.0       # seconds the other ranks get to fail on their own after a start-up failure
 RESET_WAIT = 10.0  # seconds the other ranks get to leave after the first reset exit, before they are stopped
+WATCH_EVERY = 0.5  # seconds between two questions to the elastic loop: did the hosts change?
 
 
 class AttemptJob(Job):
@@ -36,6 +38,7 @@ class AttemptJob(Job):
         self.reset = False      # some rank left with RESET_EXIT_CODE after that
         self._settle_until: float | None = None
         self._reset_until: float | None = None
+        self.on_tick(self._end_waits)
 
     @property
     def world_formed(self) -> bool:
@@ -51,7 +54,7 @@ class AttemptJob(Job):
             self._reset_until = self._reset_until or now + RESET_WAIT
             return
         early = not self.world_formed and now - self.started < STARTUP_WINDOW
-        if returncode > 0 and early and self._stop_deadline is None:
+        if returncode > 0 and early and not self.state.signalled:
             self.result.returncodes[rank] = returncode
             how = f"exited with code {returncode}"
             failure = Failure(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, tuple(tail),
@@ -63,56 +66,42 @@ class AttemptJob(Job):
                 self.failed_host = self._specs[rank].host
             self._settle_until = self._settle_until or now + SETTLE
             return
-        if returncode != 0 and self.result.failure is None and self._stop_deadline is None:
+        if returncode != 0 and self.result.failure is None and not self.state.signalled:
             self.failed_host = self._specs[rank].host
         super().on_exit(rank, returncode, info)
 
     def on_host_lost(self, host: str, message: str) -> None:
-        if self.result.failure is None and self._stop_deadline is None:
+        if self.result.failure is None and not self.state.signalled:
             self.failed_host = host
         super().on_host_lost(host, message)
 
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
-        if self.result.failure is None and self._stop_deadline is None:
+        if self.result.failure is None and not self.state.signalled:
             self.failed_host = host
         super().on_host_failed(host, message, exit_code)
 
-    def tick(self, now: float) -> None:
-        """Called by HostWatch from the Job's loop: end the settle and reset waits."""
+    def watch_hosts(self, changed: Callable[[], dict | None], notify: Callable[[dict], None]) -> None:
+        """While the attempt runs, ask `changed()` every WATCH_EVERY s whether the hosts changed; the first
+        time it returns an update, call `notify(update)` and honour reset exits from then on."""
+        next_at = 0.0
+
+        def watch(now: float) -> None:
+            nonlocal next_at
+            if self.notified or now < next_at:
+                return
+            next_at = now + WATCH_EVERY
+            update = changed()
+            if update is not None:
+                self.notified = True
+                notify(update)
+
+        self.on_tick(watch)
+
+    def _end_waits(self, now: float) -> None:
+        """A tick hook: end the settle and reset waits."""
         if self._settle_until is not None and now >= self._settle_until:
             self._settle_until = None
             self.stop()
         if self._reset_until is not None and now >= self._reset_until:
             self._reset_until = None
             self.stop()
-
-
-class HostWatch:
-    """A rank-less RankGroup: while an attempt runs, asks `changed()` (the elastic loop) each TICK_EVERY s
-    whether the hosts changed; the first time they did, calls `notify(update)` and marks the job notified."""
-
-    specs: list = []
-    running = 0
-    TICK_EVERY = 0.5
-
-    def __init__(self, job: AttemptJob, changed, notify):
-        self.job, self.changed, self.notify = job, changed, notify
-        self._next = 0.0
-
-    def tick(self, now: float) -> None:
-        self.job.tick(now)
-        if self.job.notified or now < self._next:
-            return
-        self._next = now + self.TICK_EVERY
-        update = self.changed()
-        if update is not None:
-            self.job.notified = True
-            self.notify(update)
-
-    def start(self, sel, watchdog, events) -> None: ...
-    def signal(self, sig: int) -> None: ...
-    def kill(self) -> None: ...
-    def pmi_send(self, rank: int, data: bytes) -> None: ...
-    def abandon(self) -> None: ...
-    def close(self, sel) -> None: ...
-    def wait_closed(self) -> None: ...

@@ -1,9 +1,10 @@
 """Job: run a LaunchPlan's rank groups to the end: start them, stream output, fail fast, forward
 signals, take stacks, clean up.
 
-States: starting -> running -> stopping (first failure or a signal: SIGTERM to every rank, then SIGKILL
-after `grace` seconds) -> done (every rank reported). A second Ctrl-C skips the grace period. When
-the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and
+States (`Job.state`, supervisor/jobstate.py): starting -> running -> stopping (first failure or a signal:
+SIGTERM to every rank) -> killing (SIGKILL after `grace` seconds) -> done (every rank reported). A second
+Ctrl-C skips the grace period. Callers that need the loop's time (the elastic attempt) register a tick hook
+(`on_tick`). When the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and
 processes of the job that left their groups), and a watchdog does the same if the launcher is killed.
 
 Stacks: SIGUSR1 to the launcher, a rank's StallError, or `hang_timeout` seconds without output, PMI
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
 from trainrun.supervisor.groups import ExitInfo
+from trainrun.supervisor.jobstate import JobEvent, JobState, advance
 from trainrun.supervisor.output import OutputSink
 from trainrun.supervisor.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
 from trainrun.supervisor.straggler import Watch
@@ -78,10 +80,12 @@ class Job:
         self.hang_timeout = hang_timeout
         self.output_dir = output_dir
         self.world = None  # the MpiWorld, made when the first rank speaks PMI (programs without MPI never pay)
-        self._stop_deadline: float | None = None
-        self._kill_deadline: float | None = None
-        self._stopped_at: float | None = None  # wall clock, for ordering failures
+        self.state = JobState.STARTING  # changed only by _on (jobstate.py has the transitions)
+        self._stopped_at: float | None = None  # wall clock when the stop was asked, for ordering failures
         self._killed_at: float | None = None   # wall clock of our first SIGKILL
+        self._stop_deadline = float("inf")     # STOPPING: SIGKILL at this monotonic time
+        self._kill_deadline = float("inf")     # KILLING: hosts not reported by then are given up on
+        self._tick_hooks: list[Callable[[float], None]] = []
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
         self._failures: list[Failure] = []
         self._specs = {p.rank: p for p in plan.procs}
@@ -90,7 +94,6 @@ class Job:
         self._dumps: dict[int, _Dump] = {}
         self._dump_seq = 0
         self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
-        self._stop_after_dump = False
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
@@ -98,6 +101,19 @@ class Job:
         self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
         if (view := sys.modules.get("trainrun.supervisor.monitor")) is not None:  # --monitor, --json (cli)
             view.attach_requested(self)
+
+    def on_tick(self, hook: Callable[[float], None]) -> None:
+        """Call `hook(now)` (monotonic seconds) from the loop every TICK or sooner, after the groups' ticks,
+        until every rank has been reported. Hooks run in the order registered."""
+        self._tick_hooks.append(hook)
+
+    def _on(self, event: JobEvent) -> bool:
+        """The one place the state changes; True if `event` changed it."""
+        new = advance(self.state, event)
+        if new is self.state:
+            return False
+        self.state = new
+        return True
 
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
@@ -112,7 +128,7 @@ class Job:
         the exit code is set now so that an interrupted teardown still reports one."""
         tail = tuple(self.sink.stderr_tail(rank)) if rank is not None else ()
         self._failures.append(Failure(exit_code, what, rank, tail, time.time() if at is None else at, oom))
-        if self.result.failure is None and self._stopped_at is None:
+        if self.result.failure is None and not self.state.stop_asked:
             self.result.failure = self._failures[-1]
             self.result.exit_code = exit_code
         self.stop()
@@ -138,7 +154,7 @@ class Job:
         oom = info.oom if info else None
         if oom:
             how += " (out of memory)" if oom.startswith("out of memory") else " (probably out of memory)"
-        if self.ps_policy is not None and self._stopped_at is None:
+        if self.ps_policy is not None and not self.state.stop_asked:
             verdict = self.ps_policy.on_exit(rank, returncode, how, str(self._specs[rank].assignment.host))
             if verdict.action == "wait":
                 return
@@ -176,7 +192,7 @@ class Job:
 
     def on_progress(self, rank: int, perf: str = "") -> None:
         self._last_activity = time.monotonic()
-        if perf and self.stragglers is not None and self._stopped_at is None:
+        if perf and self.stragglers is not None and not self.state.stop_asked:
             try:
                 for line in self.stragglers.on_window(rank, perf, self._last_activity):
                     log.warning("%s", line)
@@ -203,7 +219,7 @@ class Job:
             self._on_stuck(rank, stuck)
             return
         log.info("rank %d raised a StallError: taking every rank's stack", rank)
-        if not self._dumps and self._stopped_at is None:
+        if not self._dumps and not self.state.stop_asked:
             self.dump(f"rank {rank} raised a StallError")
 
     def _on_stuck(self, rank: int, text: str) -> None:
@@ -215,7 +231,7 @@ class Job:
             return
         log.info("rank %d waited %gs in %s with no collective round completing", rank, report.seconds, report.waiting)
         self._stuck.append(report)
-        if len(self._stuck) == 1 and self._stopped_at is None:
+        if len(self._stuck) == 1 and not self.state.stop_asked:
             self.dump(f"rank {rank} waited {report.seconds:g} s in {report.waiting}, no collective round completing",
                       then=self._fail_stuck)
 
@@ -271,8 +287,7 @@ class Job:
             self.sink.write_raw(2, text.encode())
             if d.then is not None and not final:
                 d.then(stacks)
-        if not self._dumps and self._stop_after_dump:
-            self._stop_after_dump = False
+        if not self._dumps and self._on(JobEvent.DUMP_DONE):  # a stop was pending: it happens now
             self._send_stop()
 
     def _fail_hung(self, stacks: list[RankStack]) -> None:
@@ -296,12 +311,11 @@ class Job:
     def stop(self) -> None:
         """Begin teardown: SIGTERM to every rank now (or once a stack dump in progress is complete: the
         stacks of a failing job are the ones wanted), SIGKILL after the grace period."""
-        if self._stopped_at is not None:
+        if not self._on(JobEvent.STOP_AFTER_DUMP if self._dumps else JobEvent.STOP):
             return
         self._stopped_at = time.time()
-        if self._dumps:
+        if self.state is JobState.STOP_PENDING:
             log.info("stopping all ranks once the stacks are taken")
-            self._stop_after_dump = True
             return
         self._send_stop()
 
@@ -314,8 +328,11 @@ class Job:
 
     def _kill(self, wait: float = KILL_WAIT) -> None:
         """SIGKILL everything; hosts that have not reported `wait` seconds later are given up on."""
-        deadline = time.monotonic() + wait
-        self._kill_deadline = min(deadline, self._kill_deadline or deadline)
+        self._on(JobEvent.KILL)
+        self._kill_deadline = min(self._kill_deadline, time.monotonic() + wait)
+        self._sigkill()
+
+    def _sigkill(self) -> None:
         self._killed_at = self._killed_at or time.time()
         for g in self.groups:
             g.kill()
@@ -367,6 +384,7 @@ class Job:
         try:
             for g in self.groups:
                 g.start(sel, watchdog, self)
+            self._on(JobEvent.STARTED)
             self._last_activity = time.monotonic()
             while any(g.running for g in self.groups):
                 ready = sel.select(TICK)
@@ -376,25 +394,27 @@ class Job:
                 now = time.monotonic()
                 for g in self.groups:
                     g.tick(now)
+                for hook in self._tick_hooks:
+                    hook(now)
                 self.sink.tick()
                 if self._dumps:
                     self._check_dumps(now)
                 if self.world is not None and (problem := self.world.check_start(now)):
                     self.fail(problem.exit_code, f"MPI world incomplete: {problem.message}")
-                if (self.hang_timeout and self._stopped_at is None and not self._dumps
+                if (self.hang_timeout and not self.state.stop_asked and not self._dumps
                         and now - self._last_activity > self.hang_timeout):
                     log.info("no activity for %.0fs: taking stacks, then ending the job", now - self._last_activity)
                     self.dump(f"no output or progress for {self.hang_timeout:g}s", then=self._fail_hung)
-                if self._stop_deadline is not None and self._kill_deadline is None and now >= self._stop_deadline:
+                if self.state is JobState.STOPPING and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()
-                if self._kill_deadline is not None and now >= self._kill_deadline:
+                if self.state is JobState.KILLING and now >= self._kill_deadline:
                     for g in self.groups:
                         g.abandon()
         finally:
             if self._dumps:  # every rank ended meanwhile: show what came
                 self._check_dumps(time.monotonic(), final=True)
-            self._kill()  # leftovers: children of ranks, ranks never reported
+            self._sigkill()  # leftovers: children of ranks, ranks never reported (a sweep, not a transition)
             for g in self.groups:
                 g.close(sel)
             for g in self.groups:
@@ -418,6 +438,7 @@ class Job:
                 except Exception as err:  # (as in on_progress)
                     log.info("straggler summary failed: %s: %s", type(err).__name__, err)
             self._settle()
+            self._on(JobEvent.ENDED)
             signal.set_wakeup_fd(old_wakeup)
             for s, h in old_handlers.items():
                 signal.signal(s, h)

@@ -147,7 +147,6 @@ class ElasticLoop:
     def _attempt(self, pick: Pick) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
         from trainrun.supervisor.assemble import assemble_job
-        from trainrun.supervisor.attempt import HostWatch
 
         cfg = self.cfg
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
@@ -163,7 +162,7 @@ class ElasticLoop:
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         self.current = Pick(tuple(shape.used), len(plan.procs))
-        job.groups.append(HostWatch(job, self._hosts_changed, lambda u: self._notify(u, list(agents.values()))))
+        job.watch_hosts(self._hosts_changed, lambda u: self._notify(u, list(agents.values())))
         result = job.run()
         self.current = None
         size = len(plan.procs)
@@ -205,7 +204,7 @@ class ElasticLoop:
         return wait
 
     def _hosts_changed(self) -> dict | None:
-        """While an attempt runs: would the next one run elsewhere or with more ranks? (the HostWatch asks)"""
+        """While an attempt runs: would the next one run elsewhere or with more ranks? (the attempt's watch asks)"""
         if self.current is None or not self.settings.sizing:
             return None
         pick = pick_hosts(self.source.current(), self.book, time.monotonic(), self.settings, self.np)
