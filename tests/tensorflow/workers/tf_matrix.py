@@ -8,7 +8,7 @@ Ops: allreduce (Sum, Average, Min, Max, Product; prescale/postscale), grouped_al
 dtypes), allgather and grouped_allgather (first dimension differing per rank), broadcast (root the set's
 last rank), alltoall (without splits: the output alone; with uneven splits: output and received splits),
 reducescatter and grouped_reducescatter (Sum, Average; rows not divisible by the size). In tf.function and
-TF1 graph modes a whole section is one function/graph: hundreds of independent collectives in one step, in
+TF1 graph modes a whole section is one function/graph: 60-120 independent collectives in one step, in
 whatever order the executor picks. Names are left to trainrun (name=None), as most programs do.
 
 Each case collects every failing combination and reports them together; rank 0 prints the number of
