@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from trainrun.supervisor.straggler import Verdict, Window
 
@@ -144,8 +145,8 @@ class Monitor:
         self.latest: dict[int, Window] = {}
         self.named: Verdict | None = None
         self.named_line = ""
-        self._live = None
-        self._console = None
+        self._live: Any = None      # rich.live.Live, while drawing (rich is imported only then)
+        self._console: Any = None
         self._drawn = 0.0
         self._printed = clock()
 

@@ -36,6 +36,7 @@ import json
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 HORIZON_S = 30.0
 LAST_SHARE = 0.6
@@ -265,7 +266,7 @@ class Watch:
     lowest: Slack | None = None  # the rule's smallest margin seen while no straggler was named (closest())
     # supervisor/monitor.Monitor (--monitor, --json): told every window, verdict and the summary; and
     # text_lines False (--json): the verdict and summary lines go to it alone, not returned for printing
-    listener: object | None = None
+    listener: Any = None
     text_lines: bool = True
 
     def on_window(self, rank: int, text: str, now: float) -> list[str]:
