@@ -56,6 +56,17 @@ def test_six_ranks_on_three_hosts(cluster, tmp_path):
         assert master == "10.241.0.2"  # rank 0's host as SSH reached it, not a name others may not resolve
 
 
+def test_exclude_leaves_a_host_out_of_a_real_launch(cluster, tmp_path):
+    """--exclude parsed once (cli/config.parse_config) and applied to --hostfile's hosts: h2 gets no rank and
+    the ranks are renumbered over h1 and h3; a name not among the hosts is a usage error before any is reached."""
+    code = "import os, socket; print(os.environ['RANK'], socket.gethostname())"
+    r = trainrun(cluster, "--hostfile", str(cluster.hostfile), "--exclude", "h2", "python", "-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(by_rank(r.stdout).values()) == ["0 h1", "1 h1", "2 h3", "3 h3"]
+    r = trainrun(cluster, "--hostfile", str(cluster.hostfile), "--exclude", "h9", "true", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("trainrun: error: --exclude h9: not among the job's hosts"), r.stderr
+
+
 def test_arguments_arrive_intact(cluster, tmp_path):
     nasty = ["a b", "it's", '"q"', "x; touch /tmp/pwned-trainrun", "$(id)", "`id`", "tab\there", "ünïcode", "-np", "3"]
     code = "import sys, json; print(json.dumps(sys.argv[1:]))"
