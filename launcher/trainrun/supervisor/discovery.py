@@ -51,6 +51,7 @@ class LiveHosts:
             self._thread.start()
 
     def _loop(self) -> None:
+        assert self.script is not None  # the loop runs only for a discovery script
         while not self._stop.wait(DISCOVERY_EVERY):
             try:
                 hosts = run_script(self.script)

@@ -11,7 +11,7 @@ exactly as before.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import os
 import sys
@@ -81,7 +81,7 @@ class OutputSink:
         self.prefix = prefix
         self.show, self.folder, self._clock = show, folder, clock
         self.output_dir = output_dir
-        self._files: dict[tuple[int, int], object] = {}
+        self._files: dict[tuple[int, int], BinaryIO] = {}
         self._partial: dict[tuple[int, int], bytes] = {}
         self._tails: dict[int, deque] = {}
         self._out = {1: out or sys.stdout.buffer, 2: err or sys.stderr.buffer}
@@ -163,10 +163,11 @@ class OutputSink:
     def stderr_tail(self, rank: int) -> list[str]:
         return list(self._tails.get(rank, ()))
 
-    def _file(self, rank: int, stream: int):
+    def _file(self, rank: int, stream: int) -> BinaryIO:
         key = (rank, stream)
         f = self._files.get(key)
         if f is None:
+            assert self.output_dir is not None  # files are written only with --output-dir
             d = os.path.join(self.output_dir, f"rank.{rank}")
             os.makedirs(d, exist_ok=True)
             f = self._files[key] = open(os.path.join(d, STREAMS[stream]), "wb")

@@ -116,8 +116,9 @@ def left_while(failure: Failure) -> tuple[int, str] | None:
     "trainrun: rank N stopped: it left (...) while ...": rank N ended (shut trainrun down) while this
     rank waited in a collective N never joined; else None."""
     named = named_rank(failure)
-    m = _LEFT.match(named[1]) if named else None
-    return (named[0], m.group(1)) if m else None
+    if named is None or not (m := _LEFT.match(named[1])):
+        return None
+    return named[0], m.group(1)
 
 
 def named_cause(failure: Failure, failures: list[Failure]) -> Failure:

@@ -11,7 +11,7 @@ that it runs but takes no part (its stack is printed above the message).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Set as AbstractSet
 from dataclasses import dataclass
 
 from trainrun.diag.stacks import SILENT_STATES
@@ -51,7 +51,7 @@ def absence(returncode: int | None, state: str) -> str:
 
 
 def describe(stuck: list[Stuck], ranks: list[int], returncodes: dict[int, int], states: dict[int, str],
-             where: Callable[[int], str], in_call: set[int] = frozenset()) -> tuple[str, int]:
+             where: Callable[[int], str], in_call: AbstractSet[int] = frozenset()) -> tuple[str, int]:
     """(the failure's message, the rank it is about) for the stuck reports `stuck` (the first one first)
     of a job of `ranks`; `where(rank)` names a rank with its host ("rank 1 on h2 (local rank 1)").
     `in_call`: ranks whose stack shows them inside a trainrun call: waiting too, though their own
