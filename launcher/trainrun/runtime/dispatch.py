@@ -8,6 +8,8 @@ communicator, completing transfers with the TransferWait it is given); CUDA -> b
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 from trainrun.runtime.backends import Collectives
 from trainrun.runtime.collectives import MpiCollectives
 from trainrun.runtime.meter import Meter
@@ -71,9 +73,16 @@ class Dispatch:
         self.host.close()
 
 
+_NBYTES = attrgetter("nbytes")
+
+
 def _payload(reqs: list[Request]) -> int:
-    """Bytes of the requests' inputs (a group's input is a list of arrays)."""
+    """Bytes of the requests' inputs. A group's input is a list of arrays: its fused output has their
+    size (one attribute, not one per tensor: a group of 160 small tensors must not pay 160 reads)."""
     n = 0
     for r in reqs:
-        n += sum(a.nbytes for a in r.inp) if r.splits == GROUP else r.inp.nbytes
+        if r.splits != GROUP:
+            n += r.inp.nbytes
+        else:
+            n += r.fused.nbytes if r.fused is not None else sum(map(_NBYTES, r.inp))
     return n
