@@ -93,7 +93,7 @@ def test_json_with_a_launch_is_accepted(run_trainrun):
     """--json goes with a launch too (the straggler events become JSON lines: tests/process/test_monitor.py),
     not only with --dry-run/--check: the launch runs and ends as without it."""
     r = run_trainrun("--json", "-np", 1, "true")
-    assert r.rc == 0 and "error" not in r.err, r.err
+    assert r.rc == 0 and b"error" not in r.err, r.err
 
 
 def test_dry_run_still_checks_inputs(run_trainrun):
