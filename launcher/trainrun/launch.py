@@ -46,7 +46,7 @@ def launch(cfg: LaunchConfig) -> int:
     if cfg.dry_run:
         return dry_run(cfg, source, shape, facts)
     if cfg.mpi == "openmpi":  # mpirun does its own fan-out
-        from trainrun.mpiworld.openmpi import run_openmpi
+        from trainrun.supervisor.mpirun import run_openmpi
 
         plan = make_plan(cfg, shape, facts, "127.0.0.1" if not shape.remote else shape.used[0].name)
         return run_openmpi(plan, sink_for(cfg, len(plan.procs)), oversubscribe=cfg.oversubscribe, grace=cfg.grace)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainrun.mpiworld.openmpi import mpirun_argv
+from trainrun.supervisor.mpirun import mpirun_argv
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks

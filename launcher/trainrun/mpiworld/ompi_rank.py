@@ -1,5 +1,5 @@
 """`python -m trainrun.mpiworld.ompi_rank COUNTS JOB PROGRAM...`: what mpirun starts for each rank of an
-Open MPI job (openmpi.py). It reads the rank's place from Open MPI (OMPI_COMM_WORLD_*), builds the same
+Open MPI job (supervisor/mpirun.py). It reads the rank's place from Open MPI (OMPI_COMM_WORLD_*), builds the same
 RankAssignment trainrun's placement would (`COUNTS`: ranks per node, "2 2 1"; block placement), sets the
 env contract with envcontract.rank_env (`JOB`: JobInfo.to_arg()) and the horovod shim's PYTHONPATH
 (trainrun/_horovod), and execs PROGRAM.

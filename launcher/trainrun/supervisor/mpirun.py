@@ -2,10 +2,11 @@
 trainrun builds the `mpirun` command line from the same plan, the way horovodrun does, and keeps its
 own output prefixes, exit code and teardown around it.
 
-Each rank starts through `python -m trainrun.mpiworld.ompi_rank` (ompi_rank.py), which derives its
+Each rank starts through `python -m trainrun.mpiworld.ompi_rank` (mpiworld/ompi_rank.py), which derives its
 coordinates from Open MPI's OMPI_COMM_WORLD_* variables and sets the same env contract
 (envcontract.rank_env) before it execs the program, so programs see one contract under both MPIs.
-mpirun runs as the one process of a LocalRanks group (MpirunRanks), under the same Job as any launch. Placement: `--map-by slot` over `-H host:slots` is trainrun's block placement.
+mpirun runs as the one process of a LocalRanks group (MpirunRanks), under the same Job as any launch
+(so this module sits in the supervisor, not in mpiworld/, which the supervisor builds on). Placement: `--map-by slot` over `-H host:slots` is trainrun's block placement.
 GPU assignment (TRAINRUN_GPUS) is not done on this path.
 """
 from __future__ import annotations
