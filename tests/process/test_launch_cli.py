@@ -90,7 +90,7 @@ def test_dry_run_creates_no_output_dir(run_trainrun, tmp_path):
 
 
 def test_json_with_a_launch_is_accepted(run_trainrun):
-    """--json goes with a launch too (the straggler events become JSON lines: tests/process/test_monitor.py),
+    """--json goes with a launch too (the straggler events become JSON lines: tests/process/test_monitor_launch.py),
     not only with --dry-run/--check: the launch runs and ends as without it."""
     r = run_trainrun("--json", "-np", 1, "true")
     assert r.rc == 0 and b"error" not in r.err, r.err

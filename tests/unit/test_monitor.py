@@ -1,5 +1,5 @@
 """supervisor/monitor.py and supervisor/straggler_plot.py on window summaries (pure parts and rendering;
-the real launches, under tmux and off a terminal, are in tests/process/test_monitor.py)."""
+the real launches, under tmux and off a terminal, are in tests/process/test_monitor_launch.py)."""
 import io
 import json
 import re
