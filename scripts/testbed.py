@@ -41,6 +41,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +158,16 @@ class Testbed:
     def enter(self, i: int) -> list[str]:
         """The argv prefix that runs a command inside host i."""
         return ["nsenter", "-t", str(self.holder_pid(i)), *ENTER, "--"]
+
+    @contextmanager
+    def link_down(self, i: int, nic: str = "eth0") -> Iterator[float]:
+        """Host i's `nic` down for the block (a cut network), up again after it whatever happens; yields the
+        time.monotonic() of the cut."""
+        assert self.run(i, ["ip", "link", "set", nic, "down"]).returncode == 0, f"h{i}: {nic} did not go down"
+        try:
+            yield time.monotonic()
+        finally:
+            self.run(i, ["ip", "link", "set", nic, "up"])
 
     def run(self, i: int, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """subprocess.run(argv) inside host i; kwargs go to subprocess.run (default: text, captured)."""
@@ -385,6 +397,16 @@ def procs_with(token: str) -> list[int]:
         if hit and _alive(int(name)):
             out.append(int(name))
     return out
+
+
+def kill_procs_with(token: str) -> None:
+    """SIGKILL (after a SIGCONT, for stopped ones) every process procs_with(token) finds: a test's cleanup."""
+    for pid in procs_with(token):
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _alive(pid: int) -> bool:

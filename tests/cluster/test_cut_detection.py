@@ -22,15 +22,6 @@ def the_agent_and_watchdog(cluster, i: int) -> list[int]:
     return cluster.on_host(i, testbed.procs_with("trainrun.agent"))
 
 
-def kill_all(token: str) -> None:
-    for pid in testbed.procs_with(token):
-        try:
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def test_a_cut_host_is_named_by_the_kernel_not_the_heartbeat(cluster, tmp_path):
     """h3's eth0 goes down under a job with --heartbeat-timeout 60: the launcher names h3 lost because its SSH
     connection ended (the kernel gave up on it), well before the heartbeat would (before: 'no word from the
@@ -39,24 +30,20 @@ def test_a_cut_host_is_named_by_the_kernel_not_the_heartbeat(cluster, tmp_path):
     proc = subprocess.Popen(argv(cluster, "--heartbeat-timeout", 60, "--ssh-timeout", 3, "-H", "h1:1,h3:2",
                                  sys.executable, "-c", SLEEPER, "300", token),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    cut = False
     try:
         for _ in range(3):
             assert proc.stdout.readline().endswith(b"up\n")
-        assert cluster.run(3, ["ip", "link", "set", "eth0", "down"]).returncode == 0
-        cut, t_cut = True, time.monotonic()
-        out, err = proc.communicate(timeout=50)  # the heartbeat alone would take 60 s
+        with cluster.link_down(3) as t_cut:
+            out, err = proc.communicate(timeout=50)  # the heartbeat alone would take 60 s
+            print(f"cut -> launcher's exit: {time.monotonic() - t_cut:.1f}s")
         text = err.decode()
         assert proc.returncode == 255, text
         assert "lost the agent on h3 (the SSH connection " in text, text
         assert "no word from the agent" not in text
-        print(f"cut -> launcher's exit: {time.monotonic() - t_cut:.1f}s")
     finally:
-        if cut:
-            cluster.run(3, ["ip", "link", "set", "eth0", "up"])
         proc.kill()
         proc.communicate()
-        kill_all(token)
+        testbed.kill_procs_with(token)
 
 
 def test_a_stopped_agent_on_a_loaded_machine_is_no_cut(cluster, tmp_path):
@@ -96,4 +83,4 @@ def test_a_stopped_agent_on_a_loaded_machine_is_no_cut(cluster, tmp_path):
             hog.wait()
         proc.kill()
         proc.communicate()
-        kill_all(token)
+        testbed.kill_procs_with(token)

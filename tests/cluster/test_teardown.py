@@ -31,6 +31,7 @@ def argv(cluster, *args):
 
 
 procs_with = testbed.procs_with
+kill_all = testbed.kill_procs_with
 
 
 def on_host(cluster, i: int, pids) -> list[int]:
@@ -42,15 +43,6 @@ def wait_none(token: str, timeout: float) -> list[int]:
     while (left := procs_with(token)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
-
-
-def kill_all(token: str) -> None:
-    for pid in procs_with(token):
-        try:
-            os.kill(pid, signal.SIGCONT)
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def wait_up(proc: subprocess.Popen, n: int) -> None:
@@ -138,28 +130,24 @@ def test_a_host_cut_off_is_named_and_its_ranks_end_within_the_bound(cluster, tmp
     proc = subprocess.Popen(argv(cluster, "--heartbeat-timeout", 3, "--ssh-timeout", 3, "-H", "h1:1,h3:2",
                                  sys.executable, ESCAPEES, token, "sleep"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
-    cut = False
     try:
         wait_up(proc, 3)
         assert len(on_host(cluster, 3, procs_with(token))) == 6
-        assert cluster.run(3, ["ip", "link", "set", "eth0", "down"]).returncode == 0
-        cut, t_cut = True, time.monotonic()
-        out, err = proc.communicate(timeout=60)
-        text = err.decode()
-        assert proc.returncode == 255, text
-        # the heartbeat (3 s) or, as often first, the kernel ending the SSH connection (2 s without an answer)
-        assert "no word from the agent on h3" in text or "lost the agent on h3 (the SSH connection" in text, text
-        assert "h3 unreachable (tcp: connection to 10.241.0.4:22 timed out): its 2 rank(s) may still run; " \
-               "the agent there ends them within " in text, text
-        assert "stopped 1 of 3 rank(s)" in text
-        bound = int(text.split("the agent there ends them within ", 1)[1].split("s", 1)[0])
-        left_at = time.monotonic()
-        left = wait_none(token, bound + 3.0)  # the bound, and a little for this test to look
-        assert left == [], f"h3's ranks still ran {time.monotonic() - left_at:.1f}s after the launcher's report: {left}"
-        print(f"cut -> ranks gone: {time.monotonic() - t_cut:.1f}s")
+        with cluster.link_down(3) as t_cut:
+            out, err = proc.communicate(timeout=60)
+            text = err.decode()
+            assert proc.returncode == 255, text
+            # the heartbeat (3 s) or, as often first, the kernel ending the SSH connection (2 s without an answer)
+            assert "no word from the agent on h3" in text or "lost the agent on h3 (the SSH connection" in text, text
+            assert "h3 unreachable (tcp: connection to 10.241.0.4:22 timed out): its 2 rank(s) may still run; " \
+                   "the agent there ends them within " in text, text
+            assert "stopped 1 of 3 rank(s)" in text
+            bound = int(text.split("the agent there ends them within ", 1)[1].split("s", 1)[0])
+            left_at = time.monotonic()
+            left = wait_none(token, bound + 3.0)  # the bound, and a little for this test to look
+            assert left == [], f"h3's ranks still ran {time.monotonic() - left_at:.1f}s after the launcher's report: {left}"
+            print(f"cut -> ranks gone: {time.monotonic() - t_cut:.1f}s")
     finally:
-        if cut:
-            cluster.run(3, ["ip", "link", "set", "eth0", "up"])
         proc.kill()
         proc.communicate()
         kill_all(token)
