@@ -25,7 +25,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -59,12 +58,7 @@ def run_once(tb, work: Path, seconds: float, slow_hosts: str = "") -> dict:
                             env={**os.environ, "PYTHONPATH": str(SRC)}, start_new_session=True)
     err: list[tuple[float, str]] = []
     started: list[float] = []
-
-    def read_err():
-        for line in iter(proc.stderr.readline, b""):
-            err.append((time.monotonic(), line.decode(errors="replace").rstrip("\n")))
-    t = threading.Thread(target=read_err, daemon=True)
-    t.start()
+    t = testbed.timed_lines(proc.stderr, err)
     try:
         for line in iter(proc.stdout.readline, b""):
             if line.rstrip().endswith(b"started"):

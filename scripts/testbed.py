@@ -40,6 +40,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -397,6 +398,18 @@ def procs_with(token: str) -> list[int]:
         if hit and _alive(int(name)):
             out.append(int(name))
     return out
+
+
+def timed_lines(stream, into: list[tuple[float, str]]) -> threading.Thread:
+    """A started daemon thread that appends (time.monotonic(), line) to `into` for each line of the binary
+    `stream` until its end: when each line of a job's output came, for tests and benchmarks that time it."""
+    def read() -> None:
+        for line in iter(stream.readline, b""):
+            into.append((time.monotonic(), line.decode(errors="replace").rstrip("\n")))
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
 
 
 def kill_procs_with(token: str) -> None:

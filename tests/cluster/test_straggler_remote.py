@@ -6,7 +6,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import trainrun
 
 pytestmark = pytest.mark.timeout(400)
 
+testbed = sys.modules["trainrun_testbed"]   # scripts/testbed.py, as conftest.py loaded it
 JOB = str(Path(__file__).parents[1] / "process" / "workers" / "straggler_job.py")
 SRC = str(Path(trainrun.__file__).parents[1])
 DETECT_S = 30.0
@@ -32,12 +32,7 @@ def test_a_slow_host_is_named_within_30_s(cluster4, tmp_path):
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": SRC}, start_new_session=True)
     err, started, out = [], [], []
-
-    def read_err():
-        for line in iter(proc.stderr.readline, b""):
-            err.append((time.monotonic(), line.decode(errors="replace").rstrip("\n")))
-    t = threading.Thread(target=read_err, daemon=True)
-    t.start()
+    t = testbed.timed_lines(proc.stderr, err)
     try:
         for line in iter(proc.stdout.readline, b""):
             text = line.decode(errors="replace").rstrip("\n")
