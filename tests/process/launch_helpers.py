@@ -2,9 +2,11 @@
 checks. The fixtures that run the launcher (run_trainrun, start_trainrun) are in tests/conftest.py."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,20 +96,19 @@ def assert_one_line_error(run: Run, code: int, *needles: str) -> str:
     return err
 
 
+def _testbed():
+    """scripts/testbed.py (stdlib only, no side effects on import), loaded once under the name
+    tests/cluster/conftest.py gives it: it holds the one /proc scan for a job's processes."""
+    if "trainrun_testbed" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("trainrun_testbed", Path(__file__).parents[2] / "scripts/testbed.py")
+        sys.modules["trainrun_testbed"] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules["trainrun_testbed"]
+
+
 def procs_with(token: str) -> list[int]:
     """Live processes anywhere on the machine whose command line contains `token` (not this one)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                hit = token.encode() in f.read()
-        except OSError:
-            continue
-        if hit and alive(int(name)):
-            out.append(int(name))
-    return out
+    return _testbed().procs_with(token)
 
 
 def assert_none_with(token: str, timeout: float = 5.0, what: str = "processes of the job") -> None:
