@@ -179,10 +179,6 @@ def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
         from trainrun import log
 
         log.enable_verbose()
-    if options["monitor"] or json_:  # the live view / JSON events: its module only when asked (import rule)
-        from trainrun.supervisor import monitor
-
-        monitor.REQUESTED = monitor.Requested(options["monitor"], json_)
     try:
         return launch(parse_config(command, json=json_, **options))
     except BrokenPipeError:  # a table, report or summary written after the reader left (`| head`): as SIGPIPE

@@ -74,5 +74,10 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
         from trainrun.supervisor.ps_policy import PsPolicy
 
         policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
-    return kind(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
-                output_dir=cfg.output_dir, ps_policy=policy)
+    job = kind(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
+               output_dir=cfg.output_dir, ps_policy=policy)
+    if cfg.monitor or cfg.json:  # the live view / JSON events: their module only when asked (import rule)
+        from trainrun.supervisor import monitor
+
+        monitor.attach_to_job(job, cfg.monitor, cfg.json)
+    return job

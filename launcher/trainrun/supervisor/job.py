@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import sys
 import socket
 import time
 from collections.abc import Callable
@@ -99,8 +98,6 @@ class Job:
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
         # who holds the job back (supervisor/straggler.py), from the ranks' window summaries
         self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
-        if (view := sys.modules.get("trainrun.supervisor.monitor")) is not None:  # --monitor, --json (cli)
-            view.attach_requested(self)
 
     def on_tick(self, hook: Callable[[float], None]) -> None:
         """Call `hook(now)` (monotonic seconds) from the loop every TICK or sooner, after the groups' ticks,

@@ -268,23 +268,10 @@ def attach(job, monitor: bool, json_events: bool) -> Monitor | None:
     return mon
 
 
-@dataclass(frozen=True)
-class Requested:
-    monitor: bool
-    json: bool
-
-
-# set by cli/command.py when --monitor or --json is given (importing this module); every Job of this launcher
-# then attaches (attach_requested), elastic attempts included. The Job looks for this module in sys.modules
-# rather than importing it, so that a launch without these options never loads it.
-REQUESTED: Requested | None = None
-
-
-def attach_requested(job) -> Monitor | None:
-    """The Job's call at construction: attach what the command line asked for, if anything."""
-    if REQUESTED is None or not (REQUESTED.monitor or REQUESTED.json):
-        return None
-    mon = attach(job, REQUESTED.monitor, REQUESTED.json)
+def attach_to_job(job, monitor: bool, json_events: bool) -> Monitor | None:
+    """What the command line asked for (--monitor, --json), attached to a Job as assemble_job builds it
+    (every elastic attempt's too); a live view is also closed at exit."""
+    mon = attach(job, monitor, json_events)
     if mon is not None and mon.live:
         import atexit
 
