@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 
 OPS = ["allreduce_dtypes_ops", "in_place_and_non_contiguous", "async_grouped_and_scaled", "grouped_allreduce_layouts", "grouped_in_place_copied_by_mpi",
        "gather_broadcast_alltoall_reducescatter", "autograd", "objects"]
-TRAIN = ["matches_single_process", "backward_passes_per_step_2", "fp16_compression", "groups", "gradient_batches", "unused_parameter_in_group",
+TRAIN = ["matches_single_process", "backward_passes_per_step_2", "fp16_compression", "groups", "gradient_batches", "buckets", "sparse_and_unused_in_bucket", "unused_parameter_in_group",
          "broadcast_makes_diverged_ranks_identical", "synchronize_then_skip", "optimizer_errors"]
 
 

@@ -1,13 +1,18 @@
 """DistributedOptimizer (horovod.torch.optimizer): average gradients across ranks during backward.
 
-Each parameter gets a post-accumulate-grad hook that notes its gradient final for this step; each
-gradient is reduced by its own allreduce (in place on p.grad, named after the parameter, as in
-Horovod), started in batches: whenever the final gradients not yet started reach BATCH_BYTES (so
-communication overlaps the rest of backward on large models), and the rest in `synchronize()`, which
-`step()` calls before the wrapped optimizer's step.
-With backward_passes_per_step=k, gradients accumulate locally for k backward passes and are reduced
-once. `groups` (a list of lists of parameters, or a number of groups) reduces each group together,
-started when its last member's gradient is ready.
+Each parameter gets a post-accumulate-grad hook that notes its gradient final for this step.
+- With no `groups` given, the CPU parameters are reduced in buckets (buckets.py: up to 25 MiB of one
+  dtype in backward order; TRAINRUN_BUCKET_BYTES sets the size, 0 restores Horovod's one allreduce per
+  gradient): a bucket is one grouped allreduce, in place on the gradients, started by the hook of its
+  last member, as torch DDP does. One request per gradient costs more Python than a small gradient's
+  reduction (buckets.py says how much).
+- `groups` (a list of lists of parameters, or a number of groups) reduces each group together in the
+  same way, started when its last member's gradient is ready (Horovod's option).
+- Any other parameter (CUDA, or buckets off) has its gradient reduced by its own allreduce (named after
+  the parameter, as in Horovod), started in batches: whenever the final gradients not yet started
+  reach BATCH_BYTES, and the rest in `synchronize()`.
+`step()` calls `synchronize()` before the wrapped optimizer's step. With backward_passes_per_step=k,
+gradients accumulate locally for k backward passes and are reduced once.
 """
 from __future__ import annotations
 
@@ -21,11 +26,11 @@ import torch
 
 from trainrun.runtime import lifecycle
 from trainrun.runtime.ops import Handle
+from trainrun.torch import buckets
 from trainrun.torch import builders as build
 from trainrun.torch.compression import Compression
 from trainrun.torch.passes import count_pass, refuse_zero_grad
-from trainrun.torch.mpi_ops import (Adasum, Average, grouped_allreduce_async_,
-                                    sparse_allreduce_async)
+from trainrun.torch.mpi_ops import Adasum, Average, sparse_allreduce_async
 
 # Gradients final in backward start in batches of this many bytes (the rest in synchronize), not one by
 # one: each start is a Python call into the engine and a wake-up of its thread, which on a CPU costs more
@@ -73,20 +78,31 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._parameter_names = parameter_names(self.param_groups, named_parameters)
         named_parameters = [(k, v) for v, k in self._parameter_names.items()]
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
-        self._handles: dict = {}
+        self._handles: dict = {}  # ungrouped parameter -> (engine Handle or None, ctx); see _start
         self._hook_handles = []
-        self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        # passes left per parameter, by its position in `params` (a list: a dict keyed by tensors hashes
+        # each one in Python on every hook)
+        self._passes_left = [backward_passes_per_step] * len(params)
         self._groups = self._make_groups(groups)
-        # group state is keyed by the group's index: a tuple of tensors hashes each member (Python-level
-        # Tensor.__hash__), which per hook made a step quadratic in the group's size
-        self._group_of = {p: i for i, g in enumerate(self._groups) for p in g}
-        self._group_names = ["grouped." + ".".join(sorted(self._parameter_names[p] for p in g)) for g in self._groups]
-        self._group_ready: dict[int, set] = {}  # group index -> members whose gradients are final
+        if self._groups:
+            self._group_names = ["grouped." + ".".join(sorted(self._parameter_names[p] for p in g))
+                                 for g in self._groups]
+        else:  # no groups asked for: buckets (buckets.py), named by their ends and size
+            self._groups = buckets.plan(params, buckets.bucket_bytes(os.environ))
+            names = self._parameter_names
+            self._group_names = [f"bucket.{names[g[0]]}..{names[g[-1]]}.{len(g)}" for g in self._groups]
+        # group state by the group's index, reset by synchronize: members still to finish their passes,
+        # and the started groups' (engine handles, finalize, parameters, (compressed, ctx) pairs)
+        self._group_left = [len(g) for g in self._groups]
+        self._group_started: dict[int, tuple] = {}
+        self._group_touched = False  # a member's hook fired since the last synchronize
+        in_group = {id(p) for g in self._groups for p in g}
+        self._ungrouped = [p for p in params if id(p) not in in_group]
         self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
         self._batch_bytes = 0
         self._measured = None  # the engine whose step_end the last synchronize set (diag/perf.py)
@@ -95,7 +111,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._reduces = self._in_set and (self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
                                                                         os.environ.get("HOROVOD_ELASTIC")))
         if self._reduces:
-            self._register_hooks()
+            self._register_hooks(params)
 
     def _make_groups(self, groups) -> list[tuple]:
         if not groups:
@@ -111,12 +127,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("groups must only contain parameters of the optimizer that require grad")
         return out
 
-    def _register_hooks(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._requires_update.add(p)
-                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+    def _register_hooks(self, params: list) -> None:
+        group_of = {id(p): i for i, g in enumerate(self._groups) for p in g}
+        for slot, p in enumerate(params):
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p, slot, group_of.get(id(p)))))
 
     def _scales(self):
         if self.op == Average:
@@ -159,56 +173,58 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         self._start(batch)
 
-    def _start_group(self, index: int) -> None:
-        """Start the reduction of group `index` (every member's gradient final): one grouped allreduce of
-        its dense gradients, under the group's name; a sparse gradient (sparse_as_dense=False) goes
-        on its own, as Horovod reduces sparse gradients (sparse_allreduce_async). Handles are kept
-        under the reduced members (a tuple for the grouped part)."""
-        group = self._groups[index]
-        dense = []
-        for p in group:
-            if p.grad is None:
-                p.grad = p.data.new(p.size()).zero_()
-            if p.grad.is_sparse and not self.sparse_as_dense:
-                self._handles[p] = (sparse_allreduce_async(p.grad, name=self._parameter_names.get(p), op=self.op,
-                                                           process_set=self._process_set), _SPARSE)
-            else:
-                dense.append(p)
-        if dense:
-            key = group if len(dense) == len(group) else tuple(dense)
-            self._handles[key] = self._grouped_allreduce_grad_async(key, self._group_names[index])
-
-    def _grouped_allreduce_grad_async(self, params: tuple, name: str):
-        pairs = []
-        for p in params:  # (sparse ones here are reduced dense: sparse_as_dense, written back in synchronize)
-            pairs.append(self._compression.compress(p.grad.to_dense() if p.grad.is_sparse else p.grad))
+    def _start_group(self, index: int, wake: bool) -> None:
+        """Start the reduction of group `index` (every member's gradient final, or synchronize): one
+        grouped allreduce of its dense gradients, in place, under the group's name (flat.py: one copy
+        in, one request, one copy out); a sparse gradient (sparse_as_dense=False) goes on its own, as
+        Horovod reduces sparse gradients (sparse_allreduce_async). `wake`: see Engine.submit."""
+        dense, pairs = [], []
+        compress = self._compression.compress
+        for p in self._groups[index]:
+            grad = p.grad
+            if grad is None:
+                grad = p.grad = p.data.new(p.size()).zero_()
+            if grad.is_sparse:
+                if not self.sparse_as_dense:
+                    self._handles[p] = (sparse_allreduce_async(grad, name=self._parameter_names.get(p), op=self.op,
+                                                               process_set=self._process_set), _SPARSE)
+                    continue
+                grad = grad.to_dense()  # reduced dense, written back sparse in synchronize
+            dense.append(p)
+            pairs.append(compress(grad))
+        if not dense:
+            self._group_started[index] = ((), None, (), ())
+            return
+        eng = lifecycle.engine(self._process_set)
         pre, post = self._scales()
-        handle = grouped_allreduce_async_([t for t, _ in pairs], name=name, op=self.op,
-                                          prescale_factor=pre, postscale_factor=post, process_set=self._process_set)
-        return handle, pairs
+        reqs, finalize = build.grouped_allreduce(eng, [t for t, _ in pairs], self._group_names[index], self.op,
+                                                 pre, post, True)
+        eng.submit(reqs, wake=wake)
+        self._group_started[index] = ([r.handle for r in reqs], finalize, dense, pairs)
 
-    def _make_hook(self, p):
+    def _make_hook(self, p, slot: int, index: int | None):
+        """The hook of parameter p (position `slot`; in group `index`, or None). Kept lean: it runs
+        once per gradient per step."""
         def hook(*_):
             assert not p.grad.requires_grad
             meter = self._measured
             if meter is not None and meter.step_end:  # backward began: the time before the step ends here
                 meter.before_ns += perf_counter_ns() - meter.step_end
                 meter.step_end = 0
-            if not count_pass(self._allreduce_delay, p):
-                self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
-                return
-            index = self._group_of.get(p)
             if index is not None:
-                ready = self._group_ready.setdefault(index, set())
-                ready.add(p)
-                group = self._groups[index]
-                if len(ready) == len(group):
-                    del self._group_ready[index]
-                    for q in group:
-                        self._handles.pop(q, None)
-                    self._start_group(index)
-                else:
-                    self._handles[p] = (None, None)
+                self._group_touched = True
+                if not count_pass(self._passes_left, slot):
+                    return  # accumulating locally: the group starts once passes are done, or in synchronize
+                left = self._group_left
+                left[index] -= 1
+                if not left[index]:
+                    # the last group to start, with no other gradients to come: synchronize drives it next,
+                    # in this thread (waking the engine's would cost a hand-off)
+                    last = len(self._group_started) + 1 == len(self._groups) and not self._ungrouped
+                    self._start_group(index, wake=not last)
+                return
+            if not count_pass(self._passes_left, slot):
+                self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
                 return
             self._handles[p] = (None, None)
             if p.grad.is_sparse:
@@ -228,56 +244,61 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._reduces:
             self._synchronized = True
             return
-        done = set()
-        for key in self._handles:
-            done.update(key if isinstance(key, tuple) else (key,))
-        started, missing = set(), []
-        for p in self._requires_update - done:
-            index = self._group_of.get(p)
-            if index is None:
-                missing.append(p)
-            elif index not in started:
-                started.add(index)
-                self._group_ready.pop(index, None)
-                for q in self._groups[index]:  # members whose hooks fired wait as (None, None): reduce them once, here
-                    self._handles.pop(q, None)
-                self._start_group(index)
+        started = self._group_started
+        for index in range(len(self._groups)):  # groups a hook did not complete (an unused member, passes left)
+            if index not in started:
+                self._start_group(index, wake=False)
+        handles = self._handles
+        missing = [p for p in self._ungrouped if p not in handles]  # (hooks that did not fire)
         self._batch, self._batch_bytes = [], 0
         # (wait_all below drives them in this thread: no hand-off to the engine's)
-        self._start([key for key, (handle, _) in self._handles.items() if handle is None] + missing, wake=False)
-        handles = self._handles
-        # the batches' engine handles (_start) are waited for directly; groups' ints in the handle table
+        self._start([key for key, (handle, _) in handles.items() if handle is None] + missing, wake=False)
+        # engine handles, waited for at once: the batches' (_start) and the groups'; sparse ones after
         waiting = [h for h, _ in handles.values() if h.__class__ is Handle]
+        for engine_handles, _, _, _ in started.values():
+            waiting += engine_handles
         if waiting:
             lifecycle.engine(self._process_set).wait_all(waiting)
-        lifecycle.synchronize_all([h for h, ctx in handles.values() if h.__class__ is not Handle and ctx is not _SPARSE])
         decompress = self._compression.decompress
+        for engine_handles, finalize, params, pairs in started.values():
+            if finalize is None:
+                continue
+            finalize(None)  # (the copy back into the gradients, or their compressed copies)
+            for p, (compressed, cctx) in zip(params, pairs):
+                grad = decompress(compressed, cctx)
+                if grad is not p.grad:
+                    self._write_grad(p, grad)
         for key, (handle, ctx) in handles.items():
             if ctx is _SPARSE:  # its result is the reduced sparse gradient
                 key.grad = lifecycle.synchronize(handle)
                 continue
-            if handle.__class__ is Handle:
-                compressed, cctx, finalize = ctx
-                finalize(None)  # (an in-place op on a copy writes it back)
-                params, pairs = (key,), ((compressed, cctx),)
-            else:  # a group (_start_group): a tuple of parameters and their (compressed, ctx) pairs
-                params, pairs = key, ctx
-            for p, (compressed, cctx) in zip(params, pairs):
-                grad = decompress(compressed, cctx)
-                if p.grad.is_sparse:  # sparse_as_dense: the reduced values, sparse again as the optimizer
-                    p.grad = grad.to_sparse(p.grad.sparse_dim())  # got them (torch.optim.SparseAdam needs that)
-                elif grad is not p.grad:
-                    with torch.no_grad():
-                        p.grad.copy_(grad)
-        # every parameter was reduced: all count passes afresh (fromkeys of a dict reuses its hashes)
-        self._allreduce_delay = dict.fromkeys(self._allreduce_delay, self.backward_passes_per_step)
-        self._handles.clear()
+            compressed, cctx, finalize = ctx
+            finalize(None)  # (an in-place op on a copy writes it back)
+            grad = decompress(compressed, cctx)
+            if grad is not key.grad:
+                self._write_grad(key, grad)
+        # every parameter was reduced: all count passes afresh
+        self._passes_left = [self.backward_passes_per_step] * len(self._passes_left)
+        self._group_left = [len(g) for g in self._groups]
+        started.clear()
+        self._group_touched = False
+        handles.clear()
         self._synchronized = True
         meter = lifecycle.engine(self._process_set).meter  # (diag/perf.py: steps per window, the time before each)
         meter.steps += 1
         if meter.on:
             meter.step_end = perf_counter_ns()
             self._measured = meter
+
+    @staticmethod
+    def _write_grad(p, grad) -> None:
+        """Put the reduced `grad` in p.grad: sparse again where p.grad is sparse (sparse_as_dense: the
+        optimizer got them sparse, and torch.optim.SparseAdam needs that), else copied in."""
+        if p.grad.is_sparse:
+            p.grad = grad.to_sparse(p.grad.sparse_dim())
+        else:
+            with torch.no_grad():
+                p.grad.copy_(grad)
 
     @contextmanager
     def skip_synchronize(self):
@@ -300,7 +321,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        refuse_zero_grad(self._handles)
+        refuse_zero_grad(self._handles or self._group_started or self._group_touched)
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 

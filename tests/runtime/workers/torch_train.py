@@ -96,21 +96,14 @@ def groups():
 
 @case
 def gradient_batches():
-    """Gradients start in batches (optimizer.BATCH_BYTES), each still its own named allreduce: none
-    during backward for a small model (one submit of all in synchronize), one submit per gradient with
-    1-byte batches, and the same training result either way."""
-    from trainrun.runtime import lifecycle
+    """With buckets off (TRAINRUN_BUCKET_BYTES=0: Horovod's per-gradient allreduces), gradients start in
+    batches (optimizer.BATCH_BYTES), each its own named allreduce: none during backward for a small
+    model (one submit of all in synchronize), one submit per gradient with 1-byte batches, and the same
+    training result either way."""
     from trainrun.torch import optimizer
 
-    eng = lifecycle.engine(None)
-    submits = []
-    real_submit = eng.submit
-
-    def counting(reqs, **kw):
-        submits.append(sorted(r.name for r in reqs))
-        return real_submit(reqs, **kw)
-
-    eng.submit = counting
+    os.environ["TRAINRUN_BUCKET_BYTES"] = "0"
+    submits, real_submit, eng = counting_submits()
     try:
         model = cnn()
         names = sorted(n for n, _ in model.named_parameters())
@@ -139,8 +132,100 @@ def gradient_batches():
         assert len(submits) == STEPS * len(names) and all(len(s) == 1 for s in submits), submits
     finally:
         eng.submit = real_submit
+        del os.environ["TRAINRUN_BUCKET_BYTES"]
     assert_identical_across_ranks(model)
     torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+
+def counting_submits():
+    """([sorted names of each submit], the engine's real submit, the engine) with the engine's submit
+    counting into the list until the caller puts the real one back."""
+    from trainrun.runtime import lifecycle
+
+    eng = lifecycle.engine(None)
+    submits = []
+    real_submit = eng.submit
+
+    def counting(reqs, **kw):
+        submits.append(sorted(r.name for r in reqs))
+        return real_submit(reqs, **kw)
+
+    eng.submit = counting
+    return submits, real_submit, eng
+
+
+@case
+def buckets():
+    """With no groups given, CPU gradients go in buckets (torch/buckets.py): the small model's are one
+    bucket, one request started by the last gradient's hook during backward; a 600-byte cap makes
+    several, one submit each, every one started before step(); training matches the single-process
+    reference either way; a bad TRAINRUN_BUCKET_BYTES is a ValueError naming it."""
+    submits, real_submit, eng = counting_submits()
+    try:
+        model = cnn()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+        loss_of(model, *batch(0, hvd.rank())).backward()
+        assert len(submits) == 1 and len(submits[0]) == 1 and submits[0][0].startswith("bucket."), submits
+        opt.step()
+        assert len(submits) == 1, f"step() submitted more: {submits}"
+        model, ref = train()
+        assert_identical_across_ranks(model)
+        torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+        os.environ["TRAINRUN_BUCKET_BYTES"] = "600"
+        submits.clear()
+        model, ref = train()
+        from trainrun.torch.buckets import plan
+        n = len(plan(list(cnn().parameters()), 600))
+        assert n >= 3, f"a 600-byte cap made {n} bucket(s)"
+        assert len(submits) == STEPS * n and all(len(s) == 1 and s[0].startswith("bucket.") for s in submits), submits
+        assert_identical_across_ranks(model)
+        torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+        os.environ["TRAINRUN_BUCKET_BYTES"] = "lots"
+        try:
+            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+        except ValueError as e:
+            assert "TRAINRUN_BUCKET_BYTES='lots'" in str(e), e
+        else:
+            raise AssertionError("TRAINRUN_BUCKET_BYTES=lots did not raise")
+    finally:
+        eng.submit = real_submit
+        os.environ.pop("TRAINRUN_BUCKET_BYTES", None)
+
+
+@case
+def sparse_and_unused_in_bucket():
+    """A bucket holding an embedding with sparse gradients (reduced on its own, or dense with
+    sparse_as_dense) and a layer that took no part in the loss (reduced as zeros): every rank ends with
+    the reference's parameters, the unused layer unchanged."""
+    for sparse_as_dense in (False, True):
+        def make():
+            torch.manual_seed(0)
+            return nn.ModuleDict({"emb": nn.Embedding(20, 4, sparse=True), "lin": nn.Linear(4, 2),
+                                  "unused": nn.Linear(4, 2)})
+
+        model, ref = make(), make()
+        start = params(model["unused"]).clone()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                       sparse_as_dense=sparse_as_dense)
+        assert len(opt._groups) == 1 and len(opt._groups[0]) == 5, [len(g) for g in opt._groups]
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+
+        def loss(m, rank, step):
+            ids = torch.randint(0, 20, (6,), generator=torch.Generator().manual_seed(100 * step + rank))
+            return m["lin"](m["emb"](ids)).pow(2).mean()
+
+        for step in range(3):
+            opt.zero_grad()
+            ref_opt.zero_grad()
+            loss(model, hvd.rank(), step).backward()
+            (sum(loss(ref, r, step) for r in range(hvd.size())) / hvd.size()).backward()
+            opt.step()
+            ref_opt.step()
+        assert_identical_across_ranks(model)
+        torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+        assert torch.equal(params(model["unused"]), start)
 
 
 @case

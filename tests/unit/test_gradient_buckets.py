@@ -1,0 +1,44 @@
+"""torch/buckets.py: which parameters DistributedOptimizer reduces together (pure planning)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainrun.torch import buckets  # noqa: E402
+
+
+def param(n, dtype=torch.float32, device="cpu", requires_grad=True):
+    return torch.nn.Parameter(torch.empty(n, dtype=dtype, device=device), requires_grad=requires_grad)
+
+
+def test_one_bucket_in_backward_order():
+    ps = [param(4) for _ in range(5)]
+    assert buckets.plan(ps, 1 << 20) == [tuple(reversed(ps))]
+
+
+def test_cap_closes_a_bucket_once_reached_and_a_big_parameter_is_alone():
+    a, b, c, big, d = param(10), param(10), param(10), param(1000), param(10)  # 40-byte params, one of 4000
+    assert buckets.plan([a, b, c, big, d], 80) == [(d, big), (c, b), (a,)]
+    assert buckets.plan([big], 80) == [(big,)]
+
+
+def test_one_dtype_per_bucket_and_only_cpu_dense_trainable_parameters():
+    f32, f64, frozen, meta = param(4), param(4, torch.float64), param(4, requires_grad=False), param(4, device="meta")
+    f32b = param(4)
+    got = buckets.plan([f32, f64, frozen, meta, f32b], 1 << 20)
+    assert sorted(got, key=len) == [(f64,), (f32b, f32)]
+
+
+def test_cap_zero_means_no_buckets():
+    assert buckets.plan([param(4)], 0) == []
+
+
+@pytest.mark.parametrize("value, cap", [(None, buckets.DEFAULT_CAP), ("", buckets.DEFAULT_CAP), ("0", 0), (" 4096 ", 4096)])
+def test_bucket_bytes_from_environment(value, cap):
+    env = {} if value is None else {buckets.ENV: value}
+    assert buckets.bucket_bytes(env) == cap
+
+
+@pytest.mark.parametrize("value", ["lots", "-1", "1.5"])
+def test_bad_bucket_bytes_names_the_variable_and_the_value(value):
+    with pytest.raises(ValueError, match=rf"TRAINRUN_BUCKET_BYTES='{value}' is not a byte count"):
+        buckets.bucket_bytes({buckets.ENV: value})
