@@ -20,7 +20,7 @@ workers per rank that "decode" synthetic images (per sample: random uint8 HxWx3,
 smoothing passes in NumPy, normalise, CHW float32); the other conditions use fixed tensors.
 Method: per round, every contender runs a block of --steps steps (order rotated per round) after an MPI
 barrier; per block: wall time per step (rank 0), CPU seconds per step (user+sys of both rank processes,
-all their threads; DataLoader workers not counted: the same for all). Reported per contender: steps/s
+all their threads, up to the block's last step, not the barrier after it; DataLoader workers not counted: the same for all). Reported per contender: steps/s
 (from the median block), CPU s/step (median block), p90 step (ms, the slowest decile's threshold over
 all steps), and the throughput ratio to ddp (median and 25th-75th percentile over rounds of the
 per-round ratio). Prints markdown on rank 0 (and --out). Not a test: it asserts nothing.
@@ -174,8 +174,9 @@ def run_block(name: str, step, steps: int) -> tuple[list[float], float]:
         t0 = time.perf_counter()
         step()
         walls.append(time.perf_counter() - t0)
+    cpu = cpu_s() - c0  # (before the barrier: MPICH's barrier polls, and a rank that ran ahead would count it)
     COMM.Barrier()
-    cpu = COMM.allreduce(cpu_s() - c0)
+    cpu = COMM.allreduce(cpu)
     POLICY.set_mode("auto")
     return walls, cpu
 

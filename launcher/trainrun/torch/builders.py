@@ -152,12 +152,13 @@ def allreduce(eng, tensor, name, op, prescale_factor, postscale_factor, in_place
     return [_placed(req, buf)], ((lambda _: done()) if in_place else (lambda _: _to_device(out, tensor)))
 
 
-def grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, in_place):
+def grouped_allreduce(eng, tensors, name, op, prescale_factor, postscale_factor, in_place, out=None):
     """CPU tensors of one dtype travel as one flat tensor (flat.py: one copy in, one request, one copy
-    out or views of it); anything else as one request per tensor, announced together."""
+    out or views of it; `out`: a buffer to reuse for it, flat.pack); anything else as one request per
+    tensor, announced together."""
     base = rq.auto_name("grouped_allreduce", name, eng.set_id)
     tensors = list(tensors)
-    packed = flat.pack(tensors, in_place)
+    packed = flat.pack(tensors, in_place, out)
     if packed is not None:
         buf, dtype = _view(packed.flat)
         req = rq.allreduce(buf, buf, buf.shape, dtype, base, op, prescale_factor, postscale_factor)

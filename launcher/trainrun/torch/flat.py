@@ -22,12 +22,14 @@ _flatten = torch._C._nn.flatten_dense_tensors
 _unflatten = torch._C._nn.unflatten_dense_tensors
 
 
-def pack(tensors: list, in_place: bool):
+def pack(tensors: list, in_place: bool, out=None):
     """The group as a Packed, or None when it cannot travel as one: empty, or not every tensor on
     the CPU with one dtype (the same on every rank of a correct program, so every rank takes the same
     path). One pass over the tensors checks them and, for an in-place op whose tensors are all
     contiguous, notes their blocks for MPI to copy. (Not for an out-of-place op: its result is views
-    of `flat`, and torch makes those fastest from a concatenation along dim 0.)"""
+    of `flat`, and torch makes those fastest from a concatenation along dim 0.) `out`: a 1-D tensor to
+    reuse as `flat` for an in-place op when its dtype and length fit (a buffer kept across steps: a
+    fresh 32 MiB tensor costs ~20 ms of page faults and zeroing each time), else a new one is made."""
     if not tensors:
         return None
     dtype = tensors[0].dtype
@@ -41,7 +43,7 @@ def pack(tensors: list, in_place: bool):
                 lengths.append(t.nbytes)
             else:
                 addresses = None
-    return Packed(tensors, None if addresses is None else (tuple(addresses), tuple(lengths)))
+    return Packed(tensors, None if addresses is None else (tuple(addresses), tuple(lengths)), out)
 
 
 class Packed:
@@ -54,12 +56,14 @@ class Packed:
 
     __slots__ = ("flat", "_rows", "_tensors", "_blocks")
 
-    def __init__(self, tensors: list, blocks: tuple | None):
+    def __init__(self, tensors: list, blocks: tuple | None, out=None):
         self._tensors = tensors
         self._rows = None
         self._blocks = blocks
         if blocks is not None:
-            self.flat = torch.empty(sum(blocks[1]) // tensors[0].element_size(), dtype=tensors[0].dtype)
+            n, dtype = sum(blocks[1]) // tensors[0].element_size(), tensors[0].dtype
+            fits = out is not None and out.dtype is dtype and out.numel() == n
+            self.flat = out if fits else torch.empty(n, dtype=dtype)
             if gather.gather(blocks, _bytes(self.flat)):
                 return
             self._blocks = None

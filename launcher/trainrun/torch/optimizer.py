@@ -100,6 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # and the started groups' (engine handles, finalize, parameters, (compressed, ctx) pairs)
         self._group_left = [len(g) for g in self._groups]
         self._group_started: dict[int, tuple] = {}
+        self._group_buffers: list = [None] * len(self._groups)  # the flat tensor each group last travelled in
         self._group_touched = False  # a member's hook fired since the last synchronize
         in_group = {id(p) for g in self._groups for p in g}
         self._ungrouped = [p for p in params if id(p) not in in_group]
@@ -197,10 +198,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         eng = lifecycle.engine(self._process_set)
         pre, post = self._scales()
-        reqs, finalize = build.grouped_allreduce(eng, [t for t, _ in pairs], self._group_names[index], self.op,
-                                                 pre, post, True)
+        tensors = [t for t, _ in pairs]
+        reqs, finalize = build.grouped_allreduce(eng, tensors, self._group_names[index], self.op, pre, post, True,
+                                                 self._buffer(index, tensors))
         eng.submit(reqs, wake=wake)
         self._group_started[index] = ([r.handle for r in reqs], finalize, dense, pairs)
+
+    def _buffer(self, index: int, tensors: list):
+        """The flat CPU tensor group `index` travels in (flat.pack), kept across steps: made again only
+        when the group's dtype or length changes (a sparse member that was dense, compression)."""
+        t = tensors[0]
+        n = sum(x.numel() for x in tensors)
+        buf = self._group_buffers[index]
+        if buf is None or buf.dtype is not t.dtype or buf.numel() != n:
+            if not t.is_cpu:
+                return None
+            buf = self._group_buffers[index] = torch.empty(n, dtype=t.dtype)
+        return buf
 
     def _make_hook(self, p, slot: int, index: int | None):
         """The hook of parameter p (position `slot`; in group `index`, or None). Kept lean: it runs
