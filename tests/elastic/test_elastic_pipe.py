@@ -53,6 +53,7 @@ def test_host_dies_job_shrinks_then_grows_back(tmp_path):
     assert "[0]<stdout>:reset size 2 lr 0.02" in run.lines and "[0]<stdout>:reset size 3 lr 0.03" in run.lines
     assert "restart 1 in 0s; far3 sits out 1s" in run.stderr  # no back-off: the failed host sits the next attempt out
     assert "hosts changed (far1, far2 -> far1, far2, far3)" in run.stderr
+    assert "[0]<stdout>:host updates 1 check True" in run.lines  # elastic sizing: commit() checks for host changes
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
 
 
@@ -66,6 +67,8 @@ def test_max_restarts_resumes_a_program_that_failed_once(tmp_path):
     assert seen[5:] == [(s, 2, 1) for s in range(6, 13)]  # TRAINRUN_RESTART_COUNT 1, resumed from the commit at 5
     assert "failing at step 5" in run.stderr and "restart 1 of 2 in 0.5s" in run.stderr  # same hosts: a back-off
     assert "1 failure(s) in 2 attempt(s)" in run.stderr
+    # no elastic sizing: the launcher never announces a host change, so commit() runs no check (no broadcast)
+    assert "[0]<stdout>:host updates 0 check False" in run.lines
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
 
 

@@ -75,6 +75,8 @@ class State:
         self._pending = None            # the host-update broadcast a commit started (acted on at the next)
         self._packer = None             # packing.Packer, made at the first save/commit
         self._keeper = None             # keeps the host's copy (local rank 0 of an elastic job); asked once
+        # the launcher says when it will never announce a host change (no elastic sizing): no check then
+        self._host_updates = os.environ.get("TRAINRUN_HOST_UPDATES") != "0"
 
     # what subclasses define
     def snapshot(self):
@@ -147,7 +149,7 @@ class State:
             raise HostsUpdatedInterrupt(skip_sync=not removed)
 
     def _check_pipelined(self) -> None:
-        if self._client is None:
+        if self._client is None or not self._host_updates:
             return
         rt = _runtime()
         pending, self._pending = self._pending, None
@@ -188,8 +190,9 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt on every rank at once if the launcher said the hosts changed
-        (rank 0's view is broadcast, so all ranks agree on where to stop)."""
-        if self._client is None:
+        (rank 0's view is broadcast, so all ranks agree on where to stop). Nothing to check, and no
+        collective, when the launcher will announce no change (TRAINRUN_HOST_UPDATES=0: no elastic sizing)."""
+        if self._client is None or not self._host_updates:
             return
         rt = _runtime()
         pending, self._pending = self._pending, None

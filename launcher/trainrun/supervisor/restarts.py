@@ -158,7 +158,7 @@ class ElasticLoop:
             self.local_facts = self.local_facts or launch_facts()
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
         job = assemble_job(cfg, shape, agents, facts, self._nics(shape, facts), slurm=self.origin.allocation is not None,
-                           attempt=self.attempt, control=self.control)
+                           attempt=self.attempt, control=self.control, host_updates=self.settings.sizing)
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         self.current = Pick(tuple(shape.used), len(plan.procs))

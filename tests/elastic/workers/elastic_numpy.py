@@ -46,6 +46,9 @@ def train(state):
         if state.step % COMMIT_EVERY == 0:
             state.commits += 1
             state.commit()
+            if state.commits == 1 and hvd.rank() == 0:  # whether commit() left a host-update broadcast in flight
+                print(f"host updates {os.environ.get('TRAINRUN_HOST_UPDATES')} check {state._pending is not None}",
+                      flush=True)
         time.sleep(PAUSE)
 
 
