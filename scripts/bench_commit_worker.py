@@ -1,6 +1,7 @@
 """The rank of `scripts/bench_elastic.py`'s commit benchmark (run by trainrun -np 2 --max-restarts 1, so that
 commit() takes the elastic path: local rank 0 writes the host's /dev/shm segment, the other rank keeps its
-own copy, both join the host-update check). For each size, a torch model of that many MiB (1 MiB Linear
+own copy; no elastic sizing, so the launcher sets TRAINRUN_HOST_UPDATES=0 and commit() runs no host-update
+check: a job with --min-np/--host-discovery-script adds it, one broadcast per commit). For each size, a torch model of that many MiB (1 MiB Linear
 layers) in a TorchState; rounds interleave, each call after a 50 ms pause (the training step between two
 commits, in which the host-update check's broadcast started by one commit completes; every call starts with
 caches as cold as the others'); before each commit's pause a barrier, as a training step's allreduce lines the

@@ -225,7 +225,8 @@ def commit_table(costs) -> list[str]:
              f"load average at the end (1/5/15 min): {load}",
              "- `python scripts/bench_elastic.py --commit-only` (scripts/bench_commit_worker.py): `trainrun -np 2 "
              "--max-restarts 1`; a TorchState of a torch model of N MiB (1 MiB Linear layers); rank 0 (local rank 0) "
-             "writes the host's /dev/shm segment, rank 1 keeps its own copy, both join the host-update check. "
+             "writes the host's /dev/shm segment, rank 1 keeps its own copy; no elastic sizing, so no host-update check "
+             "(TRAINRUN_HOST_UPDATES=0; a job with --min-np or a discovery script adds one broadcast per commit). "
              "Beside it, in the same process and interleaved round by round: a plain memcpy of the same bytes "
              "(`np.copyto` into one warm buffer, and into two buffers in turn as a segment's two slots are written), "
              "and the payload checksums alone; a 50 ms pause before every timed call (the training step between commits; "
