@@ -76,7 +76,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._set_size = lifecycle.engine(process_set).size if self._in_set else 1
         self._compression = compression
         self._parameter_names = parameter_names(self.param_groups, named_parameters)
-        named_parameters = [(k, v) for v, k in self._parameter_names.items()]
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
