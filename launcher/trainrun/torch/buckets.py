@@ -57,4 +57,3 @@ def plan(params, cap: int) -> list[tuple]:
             open_[p.dtype] = (members, size)
     done.extend(tuple(members) for members, _ in open_.values())
     return done
-
