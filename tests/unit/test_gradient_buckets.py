@@ -30,15 +30,3 @@ def test_one_dtype_per_bucket_and_only_cpu_dense_trainable_parameters():
 
 def test_cap_zero_means_no_buckets():
     assert buckets.plan([param(4)], 0) == []
-
-
-@pytest.mark.parametrize("value, cap", [(None, buckets.DEFAULT_CAP), ("", buckets.DEFAULT_CAP), ("0", 0), (" 4096 ", 4096)])
-def test_bucket_bytes_from_environment(value, cap):
-    env = {} if value is None else {buckets.ENV: value}
-    assert buckets.bucket_bytes(env) == cap
-
-
-@pytest.mark.parametrize("value", ["lots", "-1", "1.5"])
-def test_bad_bucket_bytes_names_the_variable_and_the_value(value):
-    with pytest.raises(ValueError, match=rf"TRAINRUN_BUCKET_BYTES='{value}' is not a byte count"):
-        buckets.bucket_bytes({buckets.ENV: value})

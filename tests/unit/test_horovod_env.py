@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainrun.runtime.horovod_env import CACHE_CAPACITY, FUSION_THRESHOLD, STALL_TIMEOUT, read
+from trainrun.runtime.horovod_env import BUCKET_BYTES, CACHE_CAPACITY, FUSION_THRESHOLD, STALL_TIMEOUT, read
 
 
 def test_defaults_without_variables():
@@ -12,6 +12,14 @@ def test_defaults_without_variables():
     assert (s.fusion_threshold, s.cache_capacity, s.stall_timeout, s.timeline_path, s.log_level, s.notes) == \
         (FUSION_THRESHOLD, CACHE_CAPACITY, STALL_TIMEOUT, None, "warning", ())
     assert FUSION_THRESHOLD == 64 * 1024 * 1024 and STALL_TIMEOUT == 60
+    assert s.bucket_bytes == BUCKET_BYTES == 25 << 20
+
+
+@pytest.mark.parametrize("value, cap", [("0", 0), (" 4096 ", 4096)])
+def test_bucket_bytes(value, cap):
+    """TRAINRUN_BUCKET_BYTES: torch DistributedOptimizer's gradient buckets (0: one allreduce per gradient);
+    trainrun's own setting, no Horovod name."""
+    assert read({"TRAINRUN_BUCKET_BYTES": value}).bucket_bytes == cap
 
 
 def test_horovod_names_set_the_settings():
@@ -86,7 +94,8 @@ def test_log_levels_and_dynamic_timeline():
 
 
 @pytest.mark.parametrize("name, value", [("HOROVOD_FUSION_THRESHOLD", "64MB"), ("TRAINRUN_CACHE_CAPACITY", "-1"),
-                                         ("HOROVOD_STALL_CHECK_TIME_SECONDS", "soon"), ("TRAINRUN_STALL_TIMEOUT", "nan")])
+                                         ("HOROVOD_STALL_CHECK_TIME_SECONDS", "soon"), ("TRAINRUN_STALL_TIMEOUT", "nan"),
+                                         ("TRAINRUN_BUCKET_BYTES", "lots"), ("TRAINRUN_BUCKET_BYTES", "1.5")])
 def test_a_bad_number_names_its_variable(name, value):
     with pytest.raises(ValueError, match=f"{name}='{value}'"):
         read({name: value})

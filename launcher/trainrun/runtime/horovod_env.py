@@ -11,6 +11,8 @@ users already set; TRAINRUN_* wins when both are set (the HOROVOD_* one is then 
                                                   HOROVOD_STALL_CHECK_DISABLE=1                     60 s
     timeline_path     TRAINRUN_TIMELINE           HOROVOD_TIMELINE (a file path)                    none
     log_level         TRAINRUN_LOG_LEVEL          HOROVOD_LOG_LEVEL                                 warning
+    bucket_bytes      TRAINRUN_BUCKET_BYTES       (none: torch DistributedOptimizer's gradient       25 MiB
+                                                  buckets, torch/buckets.py; 0: one allreduce per gradient)
 
 A stall is one error here (StallError on every rank that waits), where Horovod warns at the check time
 and shuts down at the shutdown time only if that is set: so the error comes at the shutdown time when the
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from trainrun.runtime.cache import CAPACITY as CACHE_CAPACITY
 
 FUSION_THRESHOLD = 64 * 1024 * 1024
+BUCKET_BYTES = 25 << 20  # torch DDP's bucket size: a large model still overlaps reduction with backward
 STALL_TIMEOUT = 60.0
 LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "fatal")
 
@@ -84,6 +87,7 @@ class Settings:
     cache_capacity: int = CACHE_CAPACITY       # response-cache signatures
     log_level: str = "warning"
     notes: tuple[str, ...] = ()
+    bucket_bytes: int = BUCKET_BYTES           # DistributedOptimizer's gradient buckets (torch); 0: none
 
     @property
     def verbose(self) -> bool:
@@ -139,7 +143,8 @@ def read(environ) -> Settings:
     _operations(environ, notes)
     notes += [_note(h, f"TRAINRUN_{_trainrun_name(h)} is set and wins") for h in sorted(won)]
     notes += unknown(environ)
-    return Settings(fusion, stall, timeline_path, capacity, log_level, tuple(notes))
+    buckets = number(pick("BUCKET_BYTES"), BUCKET_BYTES)
+    return Settings(fusion, stall, timeline_path, capacity, log_level, tuple(notes), buckets)
 
 
 def _stall_timeout(environ, pick, number, notes: list[str]) -> float:

@@ -74,7 +74,8 @@ def _report_settings(settings: horovod_env.Settings, engine) -> None:
     if settings.verbose:
         lines.append(f"trainrun: settings: fusion threshold {engine.fusion_threshold} B, cache capacity "
                      f"{engine.cache_capacity}, stall timeout {settings.stall_timeout:g} s, "
-                     f"timeline {settings.timeline_path or 'off'}, log level {settings.log_level}")
+                     f"timeline {settings.timeline_path or 'off'}, log level {settings.log_level}, "
+                     f"gradient buckets {settings.bucket_bytes} B")
     if lines:
         print("\n".join(lines), file=sys.stderr, flush=True)
 
@@ -126,6 +127,11 @@ synchronize_all = RUNTIME.handles.synchronize_all  # synchronize_all(handles): t
 # ---- where this rank is, and what is built in ----
 def topology() -> Topology:
     return RUNTIME.current().topology
+
+
+def settings() -> horovod_env.Settings:
+    """What the runtime runs with (read from the environment once, at init)."""
+    return RUNTIME.current().settings
 
 
 def size() -> int: return topology().size

@@ -25,6 +25,7 @@ from trainrun.supervisor.output import OutputSink
 
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.S)
 
+
 def find_mpirun() -> str:
     """The Open MPI `mpirun` on PATH; UsageError if there is none or it is another MPI's."""
     exe = shutil.which("mpirun")

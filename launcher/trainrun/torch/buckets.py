@@ -13,29 +13,11 @@ operation). Parameters taken: CPU and strided (dense), requiring grad; in revers
 (the order backward finishes them), one dtype per bucket, a bucket closed once it holds `cap` bytes (a
 parameter larger than `cap` is a bucket of its own). The others (CUDA, sparse layouts) are left to the
 optimizer's per-gradient path. `cap` <= 0: no buckets (Horovod's per-gradient allreduces).
-`bucket_bytes(environ)` reads TRAINRUN_BUCKET_BYTES (default DEFAULT_CAP; a bad value is a ValueError
-naming it).
+The cap comes from the runtime's settings (runtime/horovod_env.py: TRAINRUN_BUCKET_BYTES, 25 MiB).
 """
 from __future__ import annotations
 
 import torch
-
-ENV = "TRAINRUN_BUCKET_BYTES"
-DEFAULT_CAP = 25 << 20  # torch DDP's bucket size: a large model still overlaps reduction with backward
-
-
-def bucket_bytes(environ) -> int:
-    """The bucket cap TRAINRUN_BUCKET_BYTES asks for (unset or empty: DEFAULT_CAP; 0: no buckets)."""
-    value = (environ.get(ENV) or "").strip()
-    if not value:
-        return DEFAULT_CAP
-    try:
-        cap = int(value)
-    except ValueError:
-        cap = -1
-    if cap < 0:
-        raise ValueError(f"{ENV}={value!r} is not a byte count: use a whole number >= 0 (0: one allreduce per gradient)")
-    return cap
 
 
 def plan(params, cap: int) -> list[tuple]:

@@ -92,7 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._group_names = ["grouped." + ".".join(sorted(self._parameter_names[p] for p in g))
                                  for g in self._groups]
         else:  # no groups asked for: buckets (buckets.py), named by their ends and size
-            self._groups = buckets.plan(params, buckets.bucket_bytes(os.environ))
+            self._groups = buckets.plan(params, lifecycle.settings().bucket_bytes)
             names = self._parameter_names
             self._group_names = [f"bucket.{names[g[0]]}..{names[g[-1]]}.{len(g)}" for g in self._groups]
         # group state by the group's index, reset by synchronize: members still to finish their passes,

@@ -3,9 +3,11 @@
 Every rank also trains the single-process reference on the concatenation of all ranks' batches (the
 data is a function of (step, rank) only), so the comparison needs no extra launch.
 """
+import dataclasses
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -102,39 +104,53 @@ def gradient_batches():
     training result either way."""
     from trainrun.torch import optimizer
 
-    os.environ["TRAINRUN_BUCKET_BYTES"] = "0"
     submits, real_submit, eng = counting_submits()
     try:
-        model = cnn()
-        names = sorted(n for n, _ in model.named_parameters())
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
-        loss_of(model, *batch(0, hvd.rank())).backward()
-        assert submits == [], f"allreduces started during backward of a small model: {submits}"
-        opt.step()
-        assert submits == [names], submits
-        try:
-            loss_of(model, *batch(1, hvd.rank())).backward()
-            loss_of(model, *batch(1, hvd.rank())).backward()  # a second pass before step(), with batches pending
-        except AssertionError as e:
-            assert "backward_passes_per_step" in str(e), e
-        else:
-            raise AssertionError("a second backward pass before step() did not raise")
-        opt.synchronize()
-        opt.zero_grad()
+        with bucket_bytes(0):
+            model = cnn()
+            names = sorted(n for n, _ in model.named_parameters())
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+            loss_of(model, *batch(0, hvd.rank())).backward()
+            assert submits == [], f"allreduces started during backward of a small model: {submits}"
+            opt.step()
+            assert submits == [names], submits
+            try:
+                loss_of(model, *batch(1, hvd.rank())).backward()
+                loss_of(model, *batch(1, hvd.rank())).backward()  # a second pass before step(), with batches pending
+            except AssertionError as e:
+                assert "backward_passes_per_step" in str(e), e
+            else:
+                raise AssertionError("a second backward pass before step() did not raise")
+            opt.synchronize()
+            opt.zero_grad()
 
-        submits.clear()
-        saved = optimizer.BATCH_BYTES
-        optimizer.BATCH_BYTES = 1
-        try:
-            model, ref = train()
-        finally:
-            optimizer.BATCH_BYTES = saved
-        assert len(submits) == STEPS * len(names) and all(len(s) == 1 for s in submits), submits
+            submits.clear()
+            saved = optimizer.BATCH_BYTES
+            optimizer.BATCH_BYTES = 1
+            try:
+                model, ref = train()
+            finally:
+                optimizer.BATCH_BYTES = saved
+            assert len(submits) == STEPS * len(names) and all(len(s) == 1 for s in submits), submits
     finally:
         eng.submit = real_submit
-        del os.environ["TRAINRUN_BUCKET_BYTES"]
     assert_identical_across_ranks(model)
     torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
+
+
+@contextmanager
+def bucket_bytes(n: int):
+    """Run with the runtime's TRAINRUN_BUCKET_BYTES setting (read from the environment at init, once)
+    as `n`: the optimizers made inside plan their buckets with it."""
+    from trainrun.runtime.context import RUNTIME
+
+    session = RUNTIME.current()
+    saved = session.settings
+    session.settings = dataclasses.replace(saved, bucket_bytes=n)
+    try:
+        yield
+    finally:
+        session.settings = saved
 
 
 def counting_submits():
@@ -159,7 +175,7 @@ def buckets():
     """With no groups given, CPU gradients go in buckets (torch/buckets.py): the small model's are one
     bucket, one request started by the last gradient's hook during backward; a 600-byte cap makes
     several, one submit each, every one started before step(); training matches the single-process
-    reference either way; a bad TRAINRUN_BUCKET_BYTES is a ValueError naming it."""
+    reference either way (a bad TRAINRUN_BUCKET_BYTES: tests/unit/test_horovod_env.py)."""
     submits, real_submit, eng = counting_submits()
     try:
         model = cnn()
@@ -172,9 +188,9 @@ def buckets():
         assert_identical_across_ranks(model)
         torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
 
-        os.environ["TRAINRUN_BUCKET_BYTES"] = "600"
         submits.clear()
-        model, ref = train()
+        with bucket_bytes(600):
+            model, ref = train()
         from trainrun.torch.buckets import plan
         n = len(plan(list(cnn().parameters()), 600))
         assert n >= 3, f"a 600-byte cap made {n} bucket(s)"
@@ -182,16 +198,8 @@ def buckets():
         assert_identical_across_ranks(model)
         torch.testing.assert_close(params(model), params(ref), rtol=1e-5, atol=1e-5)
 
-        os.environ["TRAINRUN_BUCKET_BYTES"] = "lots"
-        try:
-            hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
-        except ValueError as e:
-            assert "TRAINRUN_BUCKET_BYTES='lots'" in str(e), e
-        else:
-            raise AssertionError("TRAINRUN_BUCKET_BYTES=lots did not raise")
     finally:
         eng.submit = real_submit
-        os.environ.pop("TRAINRUN_BUCKET_BYTES", None)
 
 
 @case
