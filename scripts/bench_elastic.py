@@ -40,6 +40,7 @@ from bench_common import REPO, BenchError, machine_lines, med, testbed_session, 
 WORKER = str(REPO / "scripts" / "bench_elastic_worker.py")
 PIPE = str(REPO / "tests" / "elastic" / "pipe_trainrun.py")
 KILL_AT = 20
+WARM_WAIT = 120.0  # seconds after KILL_AT for the spares to be ready
 STEP = re.compile(r"step (\d+) size (\d+) restart (\d+) t=([\d.]+)")
 
 
@@ -55,10 +56,36 @@ def victims(token: str, pred) -> list[int]:
     return out
 
 
-def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: float = 240.0) -> tuple[float, float | None]:
-    """Start `argv`, at step KILL_AT SIGKILL the processes whose environment satisfies `pred` (or call
-    `cut`); return seconds from then to the first step of the restarted job, and to the moment trainrun
-    (-v) started the next attempt (None for torchrun): what the launcher takes, the rest is rank start-up."""
+def warm_ranks(token: str) -> int:
+    """The job's spares waiting with their imports done (supervisor/spares.py: their thread is named so)."""
+    n = 0
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if p.info["name"] == "trainrun-warm" and token in " ".join(p.info["cmdline"] or ()):
+            n += 1
+    return n
+
+
+def time_to_kill(step: int, token: str, warm: int, since: list[float]) -> bool:
+    """At step KILL_AT or later, once `warm` spares are ready (a job that has trained a while has them; the
+    first steps come before they are). BenchError if they are not ready WARM_WAIT s after KILL_AT."""
+    if step < KILL_AT:
+        return False
+    if warm <= 0:
+        return True
+    since.append(time.monotonic())
+    if warm_ranks(token) >= warm:
+        return True
+    if since[-1] - since[0] > WARM_WAIT:
+        raise BenchError(f"{warm} warm rank(s) not ready {WARM_WAIT:.0f}s after step {KILL_AT} (found {warm_ranks(token)})")
+    return False
+
+
+def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: float = 240.0,
+             warm: int = 0) -> tuple[float, float | None]:
+    """Start `argv`, at step KILL_AT (and once `warm` spares are ready) SIGKILL the processes whose environment
+    satisfies `pred` (or call `cut`); return seconds from then to the first step of the restarted job, and to
+    the moment trainrun (-v) started the next attempt (None for torchrun): what the launcher takes, the rest
+    is rank start-up."""
     token = f"tok{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([*argv, token], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
@@ -70,7 +97,7 @@ def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: 
                 relaunch.append(time.time())
 
     threading.Thread(target=watch_stderr, daemon=True).start()
-    t_kill = None
+    t_kill, since = None, []
     deadline = time.monotonic() + timeout
     try:
         for line in proc.stdout:
@@ -80,7 +107,7 @@ def recovery(argv: list[str], env: dict, pred, cut=None, restore=None, timeout: 
             if not m:
                 continue
             step, _size, restart, t = int(m[1]), int(m[2]), int(m[3]), float(m[4])
-            if t_kill is None and step >= KILL_AT:
+            if t_kill is None and time_to_kill(step, token, warm, since):
                 t_kill = time.time()
                 if cut is not None:
                     cut()
@@ -108,7 +135,7 @@ PHASE_NAMES = ("detect", "stop the attempt", "back-off + plan", "to the rank's p
                "import torch", "MPI world", "DistributedOptimizer + TorchState", "sync()", "first step")
 
 
-def phases(argv: list[str], env: dict, pred, timeout: float = 240.0) -> dict[str, float]:
+def phases(argv: list[str], env: dict, pred, timeout: float = 240.0, warm: int = 0) -> dict[str, float]:
     """One recovery (as recovery()), cut into steps, in seconds: the kill to the launcher's first `rank N
     exited` line (detect), to its `restart` line (the attempt stopped: every rank and agent done), to `attempt
     1: job` (back-off, plan), to the new rank 0's process start, its script start, `import torch` ended, the
@@ -133,7 +160,7 @@ def phases(argv: list[str], env: dict, pred, timeout: float = 240.0) -> dict[str
                 marks["back-off + plan"] = now
 
     threading.Thread(target=watch_stderr, daemon=True).start()
-    t_kill, rank = None, {}
+    t_kill, rank, since = None, {}, []
     deadline = time.monotonic() + timeout
     try:
         for line in proc.stdout:
@@ -146,7 +173,7 @@ def phases(argv: list[str], env: dict, pred, timeout: float = 240.0) -> dict[str
             if not m:
                 continue
             step, restart, t = int(m[1]), int(m[3]), float(m[4])
-            if t_kill is None and step >= KILL_AT:
+            if t_kill is None and time_to_kill(step, token, warm, since):
                 t_kill = time.time()
                 killed.set()
                 for pid in victims(token, pred):
@@ -172,17 +199,20 @@ def phase_table(rounds: int) -> list[str]:
            "GLOO_SOCKET_IFNAME": "lo", "MODE": "trainrun"}
     py = sys.executable
     scenarios = {
-        "-np 4 --max-restarts 3, rank 3 killed, 4 restart": (
+        "-np 4 --max-restarts 3, rank 3 killed, 4 restart warm": (
             [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", WORKER],
-            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e),
-        "pipe hosts 2x2 --min-np 2, far2's ranks killed, 2 go on": (
+            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e, 4),
+        "the same, --no-warm-ranks": (
+            [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", "--no-warm-ranks", WORKER],
+            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e, 0),
+        "pipe hosts 2x2 --min-np 2, far2's ranks killed, 2 go on warm": (
             [py, PIPE, "-v", "-H", "far1:2,far2:2", "--min-np", "2", WORKER],
-            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2"),
+            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2", 4),
     }
     got: dict[str, list[dict]] = {k: [] for k in scenarios}
     for r in range(rounds):
-        for name, (argv, pred) in scenarios.items():
-            got[name].append(phases(argv, env, pred))
+        for name, (argv, pred, warm) in scenarios.items():
+            got[name].append(phases(argv, env, pred, warm=warm))
             print(f"round {r + 1}: {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in got[name][-1].items()),
                   file=sys.stderr, flush=True)
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -280,26 +310,26 @@ def main() -> int:
            "STEP_PAUSE": "0.1", "CKPT": str(tmp / "ckpt.pt"), "GLOO_SOCKET_IFNAME": "lo"}
     py = sys.executable
     scenarios = {
-        "trainrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from the agents' copy)": (
+        "trainrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from the agents' copy, warm)": (
             [py, "-m", "trainrun", "-v", "-np", "4", "--max-restarts", "3", "-x", "MODE=trainrun", WORKER],
-            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e),
-        "trainrun elastic, pipe hosts (2x2, 1 host killed; 2 go on)": (
+            lambda e: e.get("RANK") == "3" and "TRAINRUN_RESTART_COUNT" in e, 4),
+        "trainrun elastic, pipe hosts (2x2, 1 host killed; 2 go on, warm)": (
             [py, PIPE, "-v", "-H", "far1:2,far2:2", "--min-np", "2", "-x", "MODE=trainrun", WORKER],
-            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2"),
+            lambda e: e.get("TRAINRUN_HOSTNAME") == "far2", 4),
         "torchrun --max-restarts 3 (4 ranks, 1 killed; 4 restart from a disk checkpoint)": (
             [os.path.join(os.path.dirname(py), "torchrun"), "--standalone", "--nproc-per-node", "4", "--max-restarts", "3",
              WORKER],
-            lambda e: e.get("RANK") == "3" and e.get("MODE") == "torchrun"),
+            lambda e: e.get("RANK") == "3" and e.get("MODE") == "torchrun", 0),
     }
     if args.anchor_only:
         scenarios = {k: v for k, v in scenarios.items() if k.startswith("torchrun")}
     times: dict[str, list[float]] = {k: [] for k in scenarios}
     relaunches: dict[str, list[float]] = {k: [] for k in scenarios}
     for r in range(args.rounds):
-        for name, (argv, pred) in scenarios.items():
+        for name, (argv, pred, warm) in scenarios.items():
             run_env = {**env, "MODE": "torchrun" if "torchrun" in name else "trainrun"}
             Path(env["CKPT"]).unlink(missing_ok=True)
-            total, relaunch = recovery(argv, run_env, pred)
+            total, relaunch = recovery(argv, run_env, pred, warm=warm)
             times[name].append(total)
             if relaunch is not None:
                 relaunches[name].append(relaunch)
@@ -321,12 +351,16 @@ def main() -> int:
                 for link in links:
                     subprocess.run(["ip", "-n", "trt-sw", "link", "set", link, "up"], check=False)
 
+            host_kill = {"pred": lambda e: e.get("TRAINRUN_HOSTNAME") == "h3"}
             for name, extra, kw in (
-                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's ranks killed; 4 go on", [],
-                     {"pred": lambda e: e.get("TRAINRUN_HOSTNAME") == "h3"}),
+                    ("trainrun elastic, 3 simulated hosts x 2, 1 host's ranks killed; 4 go on, warm", [],
+                     {**host_kill, "warm": 6}),
+                    ("the same, a host's ranks killed, --no-warm-ranks", ["--no-warm-ranks"], host_kill),
                     ("trainrun elastic, 3 simulated hosts x 2, 1 host's network cut (default --heartbeat-timeout 15: "
-                     "the kernel ends the SSH connection); 4 go on",
-                     [], {"pred": None, "cut": cut, "restore": restore})):
+                     "the kernel ends the SSH connection); 4 go on, warm",
+                     [], {"pred": None, "cut": cut, "restore": restore, "warm": 6}),
+                    ("the same, a host's network cut, --no-warm-ranks", ["--no-warm-ranks"],
+                     {"pred": None, "cut": cut, "restore": restore})):
                 times[name], relaunches[name] = [], []
                 for r in range(args.rounds):
                     total, relaunch = recovery([*base, *extra, WORKER], {**env, "MODE": "trainrun"}, **kw)

@@ -6,7 +6,7 @@
 
 Rank 0 prints `step S size N restart R t=UNIX_TIME` after every step (STEPS in all, STEP_PAUSE s apart);
 with PHASES=1 (trainrun) also `phases restart R start=T script=T imported=T world=T built=T synced=T` before its first
-step: when the process started, its script began, `import torch` ended, the MPI world was up, the optimizer
+step: when the process started (a warm rank: when it was handed the rank), its script began, `import torch` ended, the MPI world was up, the optimizer
 and state were built, sync() ended.
 """
 import os
@@ -20,7 +20,10 @@ def _started() -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-PHASES = {"start": _started(), "script": time.time()}  # PHASES=1: rank 0 prints when each start-up phase ended
+# PHASES=1: rank 0 prints when each start-up phase ended. A warm rank (trainrun --warm-ranks: a spare that had
+# imported torch before the restart, supervisor/spares.py) starts when its script does: the hand-off.
+_WARM = "torch" in __import__("sys").modules
+PHASES = {"start": time.time() if _WARM else _started(), "script": time.time()}
 
 import torch  # noqa: E402
 

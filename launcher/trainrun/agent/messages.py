@@ -24,7 +24,8 @@ class AgentJob:
     `elastic`: the job may restart: the agent keeps its ranks' committed state (control channels), and when
     the ranks have ended it cleans up, sends DONE and waits for the next JOB instead of exiting;
     `restartable`: a parameter-server job: a rank that ended may be started again (RESTART), so the agent
-    stays until the launcher closes the channel."""
+    stays until the launcher closes the channel; `warm`: an elastic job's agent keeps a spare interpreter per
+    rank for the next attempt (supervisor/spares.py, --warm-ranks)."""
 
     procs: tuple[ProcessSpec, ...]
     pmi: bool
@@ -33,17 +34,18 @@ class AgentJob:
     kvsname: str | None = None
     elastic: bool = False
     restartable: bool = False
+    warm: bool = False
 
     def to_bytes(self) -> bytes:
         return json.dumps({"procs": [spec_to_dict(p) for p in self.procs], "pmi": self.pmi, "python": self.python,
                            "patience": self.patience, "kvsname": self.kvsname, "elastic": self.elastic,
-                           "restartable": self.restartable}).encode()
+                           "restartable": self.restartable, "warm": self.warm}).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> AgentJob:
         d = json.loads(data)
         return cls(tuple(spec_from_dict(p) for p in d["procs"]), d["pmi"], d["python"], d["patience"], d.get("kvsname"),
-                   d.get("elastic", False), d.get("restartable", False))
+                   d.get("elastic", False), d.get("restartable", False), d.get("warm", False))
 
 
 @dataclass(frozen=True)

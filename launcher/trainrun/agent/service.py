@@ -41,6 +41,7 @@ from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from trainrun.supervisor.control import ControlServer
+    from trainrun.supervisor.spares import SparePool
 
 
 class LauncherGone(Exception):
@@ -59,6 +60,7 @@ class Agent:
         self.elastic = False
         self.restartable = False  # a parameter-server job's host: stay until the launcher closes the channel
         self.control: ControlServer | None = None  # an elastic job's ControlServer; its SegmentStore lives as long as the agent
+        self.spares: SparePool | None = None  # an elastic job's warm ranks (--warm-ranks), kept between attempts
         self._last_heard = self._last_beat = time.monotonic()
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
 
@@ -147,12 +149,17 @@ class Agent:
 
             self.control = ControlServer(SegmentStore())
             watchdog.unlink_on_death(self.control.store.prefix)  # the state segments, if this agent is killed
+        if job.elastic and job.warm and self.spares is None:
+            from trainrun.supervisor.spares import SparePool
+
+            self.spares = SparePool(watchdog)
         if self.control is not None and job.procs:  # new segments are named after the attempt's job
             self.control.store.job_id = job.procs[0].env.get("TRAINRUN_JOB_ID", "nojob")
         # .py programs run on the agent's interpreter (the launcher's path may not exist here)
         specs = [replace(s, argv=(sys.executable, *s.argv[1:])) if s.argv and s.argv[0] == job.python else s
                  for s in job.procs]
-        self.ranks = LocalRanks(specs, pmi=job.pmi, control=self.control if job.elastic else None)
+        self.ranks = LocalRanks(specs, pmi=job.pmi, control=self.control if job.elastic else None,
+                                spares=self.spares if job.elastic else None)
         try:
             self.ranks.start(self.sel, watchdog, self)
         except TrainrunError as err:
@@ -216,6 +223,8 @@ class Agent:
             if self.ranks is not None:
                 self.ranks.kill()
                 self.ranks.close(self.sel)
+            if self.spares is not None:
+                self.spares.close()
             watchdog.close()
             if self.control is not None:
                 self.control.store.remove()

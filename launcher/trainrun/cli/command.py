@@ -151,6 +151,9 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
                    "(default: never again).")
 @click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Elastic: seconds to wait for --min-np ranks' worth of hosts before giving up.")
+@click.option("--warm-ranks/--no-warm-ranks", default=True, show_default=True,
+              help="Elastic: keep one spare interpreter per rank with the framework imported, started once the ranks "
+                   "train; a restart's ranks start as these (seconds faster; one idle process per rank).")
 @click.option("--check", is_flag=True, help="Check every host (SSH, Python, trainrun, MPI, GPUs, NICs) and the plan; run nothing.")
 @click.option("--perf", is_flag=True, help="With --check: measure every link (pairs in parallel rounds), host compute, an allreduce over the plan, versions and clocks; name the outliers.")
 @click.option("--perf-strict", is_flag=True, help="With --perf: exit 4 when the job would run degraded (an outlier host or link, a version mismatch).")

@@ -80,6 +80,7 @@ class LaunchConfig:
     host_discovery_script: str | None = None
     blacklist_cooldown_range: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
+    warm_ranks: bool = True  # elastic: spare interpreters per rank for restarts (supervisor/spares.py)
     check: bool = False
     perf: bool = False
     perf_strict: bool = False

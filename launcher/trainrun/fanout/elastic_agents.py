@@ -30,12 +30,13 @@ class ElasticAgentRanks(AgentRanks):
         super().__init__(agent.link, agent.facts, agent.reader, agent.agent_id)
         self.lost = False            # the channel ended or went silent: this agent is of no further use
         self._attempt_done = True    # DONE seen for the last attempt (or none started yet)
+        self.warm = True             # the agent keeps warm ranks (--warm-ranks)
 
     def assign(self, specs, **kwargs) -> None:
         super().assign(specs, **kwargs)
         from dataclasses import replace
 
-        self._job = replace(self._job, elastic=True)
+        self._job = replace(self._job, elastic=True, warm=self.warm)
 
     def start(self, sel: selectors.BaseSelector, watchdog, events) -> None:
         self._attempt_done = False
@@ -119,8 +120,8 @@ class ElasticAgentRanks(AgentRanks):
 class AgentPool:
     """The agents of an elastic job, by host name."""
 
-    def __init__(self, engine: FanoutEngine, timeout: float, heartbeat_timeout: float):
-        self.engine, self.timeout, self.heartbeat_timeout = engine, timeout, heartbeat_timeout
+    def __init__(self, engine: FanoutEngine, timeout: float, heartbeat_timeout: float, warm: bool = True):
+        self.engine, self.timeout, self.heartbeat_timeout, self.warm = engine, timeout, heartbeat_timeout, warm
         self.agents: dict[str, ElasticAgentRanks] = {}
 
     def ensure(self, hosts: list[HostSpec]) -> dict[str, HostError]:
@@ -141,6 +142,7 @@ class AgentPool:
                 link.close(wait=2.0)
                 continue
             agent.heartbeat_timeout = self.heartbeat_timeout
+            agent.warm = self.warm
             agent.sweeper = getattr(self.engine, "sweep", None)  # a lost host is cleaned up over a new connection
             self.agents[link.host] = agent
         return failures

@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from trainrun.fanout.agents import AgentRanks
     from trainrun.supervisor.control import ControlServer
     from trainrun.supervisor.groups import RankGroup
+    from trainrun.supervisor.spares import SparePool
 
 
 def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRanks], facts: dict,
                  nics: tuple[str, ...], *, slurm: bool, attempt: int | None = None,
-                 control: ControlServer | None = None, host_updates: bool = True) -> Job:
+                 control: ControlServer | None = None, host_updates: bool = True,
+                 spares: SparePool | None = None) -> Job:
     """The Job that runs `shape`'s ranks: this machine's under a LocalRanks, each remote host's through its
     agent in `agents` (one per remote host of `shape`, each with its HELLO facts also in `facts`, which holds
     every used host's). `nics`: the NICs the ranks use (() for one host).
@@ -44,7 +46,8 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
     AttemptJob (attempt.py). `control`: an elastic job's control channels for this machine's ranks.
     `host_updates`: whether the launcher may tell this attempt's ranks that the hosts changed (elastic
     sizing); they get TRAINRUN_HOST_UPDATES=0 when not, and their commit() then skips the host-update check
-    (a broadcast from rank 0 per commit: a fifth of a 1 MiB commit's time)."""
+    (a broadcast from rank 0 per commit: a fifth of a 1 MiB commit's time). `spares`: an elastic job's warm
+    ranks for this machine's ranks (supervisor/spares.py)."""
     routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
     addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
     plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
@@ -61,7 +64,7 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
     ps = cfg.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
     by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
     local = [p for p in plan.procs if p.host not in agents]
-    groups: list[RankGroup] = [LocalRanks(local, pmi=mpi, control=control)] if local else []
+    groups: list[RankGroup] = [LocalRanks(local, pmi=mpi, control=control, spares=spares)] if local else []
     forward = forwarded_env(os.environ)
     for name, agent in agents.items():
         agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,

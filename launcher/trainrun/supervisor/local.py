@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at ru
     from trainrun.diag.stacks import HookInfo
     from trainrun.supervisor.control import ControlServer
     from trainrun.supervisor.groups import RankEvents
+    from trainrun.supervisor.spares import SparePool
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
 REAP_EVERY = 1.0  # seconds between looks for adopted orphans that ended (zombies to reap)
@@ -81,16 +82,22 @@ class _Rank:
         self.reported = False
         self.hook: HookInfo | None = None  # what its runtime announced on the diag pipe
         self.diag_buf = b""
+        self.env: dict[str, str] = {}  # what it was started with (a spare for the next attempt gets its start-up part)
 
 
 class LocalRanks:
     """The ranks `procs` (all of this host), started as children of this process."""
 
     def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None,
-                 control: ControlServer | None = None):
-        """`control`: an elastic job's control channels (supervisor/control.py): each rank gets TRAINRUN_CTL_FD."""
+                 control: ControlServer | None = None, spares: SparePool | None = None):
+        """`control`: an elastic job's control channels (supervisor/control.py): each rank gets TRAINRUN_CTL_FD.
+        `spares`: an elastic job's warm ranks (supervisor/spares.py): a rank starts as one of them when one
+        matches, and the pool is filled for the next attempt once these ranks train."""
         self.specs = procs
         self.control = control
+        self.spares = spares
+        self._warmed = spares is None  # the pool was filled for this attempt (or there is none)
+        self.warm_starts = 0  # ranks of this attempt that started as a spare
         self.events: RankEvents | None = None
         self.pmi = pmi
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -174,15 +181,15 @@ class LocalRanks:
             ctl_sock = self.control.child_end(spec.rank, sel)
             pass_fds += (ctl_sock.fileno(),)
             env["TRAINRUN_CTL_FD"] = str(ctl_sock.fileno())
-        preexec = None
-        if spec.bind_to == "core" and cores:
-            cpus = cores[spec.assignment.local_rank % len(cores)]
-            preexec = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731
+        cpus = cores[spec.assignment.local_rank % len(cores)] if spec.bind_to == "core" and cores else None
         try:
-            proc = subprocess.Popen(
-                spec.argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec,
-            )
+            proc = self._warm_start(spec, env, pass_fds, cpus)
+            if proc is None:
+                preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus is not None else None
+                proc = subprocess.Popen(
+                    spec.argv, cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, pass_fds=pass_fds, start_new_session=True, preexec_fn=preexec,
+                )
         except OSError:
             os.close(diag_r)
             raise
@@ -195,6 +202,7 @@ class LocalRanks:
         self._pgids.append(proc.pid)
         self._oom.watch(proc.pid)
         rank = _Rank(spec, proc, os.pidfd_open(proc.pid), parent_sock, diag_r)
+        rank.env = env
         self.ranks[spec.rank] = rank
         sel.register(diag_r, selectors.EVENT_READ, lambda: self._read_diag(rank, sel))
         sel.register(proc.stdout, selectors.EVENT_READ, lambda: self._read(rank, 1, proc.stdout, sel))
@@ -202,6 +210,30 @@ class LocalRanks:
         sel.register(rank.pidfd, selectors.EVENT_READ, lambda: self._reap(rank, sel))
         if parent_sock is not None:
             sel.register(parent_sock, selectors.EVENT_READ, lambda: self._read_pmi(rank, sel))
+
+    def _warm_start(self, spec: ProcessSpec, env: dict[str, str], pass_fds: tuple[int, ...],
+                    cpus: set[int] | None) -> subprocess.Popen | None:
+        """The rank started as a spare from the pool (supervisor/spares.py), or None: start it cold."""
+        spare = self.spares.take(spec.argv, env) if self.spares is not None else None
+        if spare is None:
+            return None
+        from trainrun.elastic.spare_wire import Handoff, fd_env
+
+        handoff = Handoff(spec.argv, spec.cwd, env, None if cpus is None else tuple(sorted(cpus)), fd_env(env, pass_fds))
+        try:
+            proc = spare.hand(handoff, pass_fds)
+        except OSError as err:
+            log.info("rank %d: warm rank %d gone (%s); starting it cold", spec.rank, spare.proc.pid, err)
+            spare.end()
+            return None
+        self.warm_starts += 1
+        return proc
+
+    def _warm_up(self) -> None:
+        """Fill the pool for the next attempt: one spare per rank of this one (once, when they train)."""
+        self._warmed = True
+        ranks = [(r.spec.argv, r.spec.cwd, r.env) for r in self.ranks.values()]
+        self.spares.fill(ranks)
 
     def _read(self, rank: _Rank, stream: int, pipe, sel) -> None:
         data = os.read(pipe.fileno(), 1 << 16)
@@ -244,6 +276,8 @@ class LocalRanks:
                 rank.hook = HookInfo(int(pid), int(ident), path)
             elif word == "progress":
                 self.events.on_progress(rank.spec.rank)
+                if not self._warmed:  # training: the spares' imports no longer slow the ranks' start
+                    self._warm_up()
             elif word == "perf":  # a window summary (diag/perf.py): progress too
                 self.events.on_progress(rank.spec.rank, rest)
             elif word == "stall":
@@ -315,7 +349,8 @@ class LocalRanks:
         from trainrun.supervisor import reaper
 
         ranks = {r.proc.pid for r in self.ranks.values()}
-        return reaper.adopted(os.getpid(), self._since, self._helpers | ranks, procs)
+        spares = self.spares.pids() if self.spares is not None else set()
+        return reaper.adopted(os.getpid(), self._since, self._helpers | ranks | spares, procs)
 
     def _reap_orphans(self) -> None:
         from trainrun.supervisor import reaper
@@ -344,7 +379,7 @@ class LocalRanks:
             _killpg(pgid, signal.SIGKILL)
         # a reaped rank's pid may be another process's by now: only unreaped ones (zombies hold their pid)
         roots = {r.proc.pid for r in self.ranks.values() if r.proc.returncode is None} | {p.pid for p in self._orphans()}
-        left = reaper.kill_tree(roots, spare=self._helpers)
+        left = reaper.kill_tree(roots, spare=self._helpers | (self.spares.pids() if self.spares is not None else set()))
         if self._job_id:
             left += reaper.sweep(self._job_id, self._hosts)
         self._reap_orphans()

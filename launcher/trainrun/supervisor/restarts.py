@@ -61,6 +61,7 @@ class ElasticLoop:
         self.restarts = 0       # restarts after failures (what --max-restarts limits)
         self.attempt = 0        # attempts started so far - 1: TRAINRUN_RESTART_COUNT
         self.control = ControlServer(SegmentStore())  # this machine's ranks' committed-state segment
+        self.spares = None  # this machine's ranks' warm spares (supervisor/spares.py, --warm-ranks), made by run()
         self.engine = self.pool = None
         self.nics: tuple[str, ...] | None = None
         self.local_facts = None
@@ -75,6 +76,10 @@ class ElasticLoop:
         old = {s: signal.signal(s, _raise_interrupt) for s in caught}
         guard = Watchdog()  # if this launcher is killed, the guardian removes this machine's state segments
         guard.unlink_on_death(self.control.store.prefix)
+        if self.cfg.warm_ranks:  # the guardian also kills this machine's spares if the launcher dies
+            from trainrun.supervisor.spares import SparePool
+
+            self.spares = SparePool(guard)
         try:
             return self._loop()
         except _Interrupted as it:
@@ -83,6 +88,8 @@ class ElasticLoop:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+            if self.spares is not None:
+                self.spares.close()
             if self.pool is not None:
                 self.pool.close()
             if self.engine is not None:
@@ -125,7 +132,8 @@ class ElasticLoop:
             from trainrun.fanout.select import engine_for
 
             self.engine = engine_for(self.cfg, self.origin)
-            self.pool = AgentPool(self.engine, self.cfg.ssh_timeout + AGENT_START_SLACK, self.cfg.heartbeat_timeout)
+            self.pool = AgentPool(self.engine, self.cfg.ssh_timeout + AGENT_START_SLACK, self.cfg.heartbeat_timeout,
+                                  warm=self.cfg.warm_ranks)
         failed = self.pool.ensure(remote)
         if not failed:
             return True
@@ -158,7 +166,8 @@ class ElasticLoop:
             self.local_facts = self.local_facts or launch_facts()
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
         job = assemble_job(cfg, shape, agents, facts, self._nics(shape, facts), slurm=self.origin.allocation is not None,
-                           attempt=self.attempt, control=self.control, host_updates=self.settings.sizing)
+                           attempt=self.attempt, control=self.control, host_updates=self.settings.sizing,
+                           spares=self.spares)
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         self.current = Pick(tuple(shape.used), len(plan.procs))
