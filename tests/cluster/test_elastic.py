@@ -5,6 +5,8 @@ launcher's machine's and each host's own: committed state and MPICH's)."""
 import subprocess
 import uuid
 
+import psutil
+
 from tests.elastic.harness import WORKER, LiveRun, by_rank, discovery, leftover_segments, procs_with, steps_seen, wait_gone
 
 STEPS, EVERY = 45, 5
@@ -32,7 +34,15 @@ def start(cluster, tmp_path, token, *extra, steps=STEPS):
 def host_pids(cluster, i: int, token: str) -> list[int]:
     inside = set(map(int, subprocess.run(["ip", "netns", "pids", cluster.host(i).ns], capture_output=True,
                                          text=True).stdout.split()))
-    return [p.pid for p in procs_with(token) if p.pid in inside and "trainrun.agent" not in " ".join(p.cmdline())]
+    return [p.pid for p in procs_with(token) if p.pid in inside and _is_rank(p)]
+
+
+def _is_rank(p) -> bool:
+    """A rank (not the agent, nor a spare waiting to become one: --warm-ranks) by its environment."""
+    try:
+        return "TRAINRUN_RANK" in p.environ()
+    except psutil.Error:
+        return False
 
 
 def check_end(run: LiveRun, token: str, cluster) -> None:
