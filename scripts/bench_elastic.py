@@ -4,13 +4,14 @@
     python scripts/bench_elastic.py [--rounds 3] [--cluster] [--out docs/benchmarks/elastic.md]
 
 Recovery: a 4-rank job trains (scripts/bench_elastic_worker.py, committing every 5 steps); at step 20
-the victim's ranks are SIGKILLed; the time is from the kill to the first training step printed by the
+(for trainrun's `warm` rows: and once the job's spares are ready, --warm-ranks) the victim's ranks are SIGKILLed; the time is from the kill to the first training step printed by the
 restarted job. Scenarios, interleaved round by round on this machine:
     trainrun --max-restarts      -np 4 on this machine, one rank killed, all 4 restarted from the agents' copy
     trainrun elastic (pipe)      2 "hosts" x 2 through the pipe engine, one host's ranks killed, 2 go on
     torchrun --max-restarts      --standalone --nproc-per-node 4, one rank killed, all 4 restarted from the disk checkpoint
     --cluster adds, on 3 simulated hosts x 2 (SSH): one host's ranks killed; and one host's network cut
-    (default --heartbeat-timeout: the kernel's end of the SSH connection names it lost), 4 ranks go on.
+    (default --heartbeat-timeout: the kernel's end of the SSH connection names it lost), 4 ranks go on;
+    each warm and with --no-warm-ranks.
 --anchor-only: of the one-machine scenarios only torchrun's (the anchor), and no commit table.
 commit(): a 2-rank trainrun job commits a TorchState of 1, 16, 64, 256 MiB beside a memcpy of the same bytes
 (scripts/bench_commit_worker.py); --commit-only runs just that and replaces its section of --out.
@@ -373,8 +374,10 @@ def main() -> int:
              f"median of {args.rounds} round(s), rounds interleaved. `python scripts/bench_elastic.py"
              f"{' --cluster' if args.cluster else ''}{' --anchor-only' if args.anchor_only else ''} --rounds {args.rounds}`.", "",
              "The launcher's share is the time from the kill to trainrun starting the next attempt's ranks (detect, stop "
-             "the others, wait for every agent's DONE, 0.5 s back-off, plan, send the JOBs); the rest is the new ranks' "
-             "start-up (interpreter, `import torch`, MPI_Init, `state.sync()`) and one step.", "",
+             "the others, wait for every agent's DONE, a 0.5 s back-off when the same hosts restart, plan, send the JOBs); "
+             "the rest is the new ranks' start-up (a warm rank: the hand-off to a spare that imported torch, MPI_Init, "
+             "`state.sync()`; a cold one also its interpreter and `import torch`) and one step. `warm`: the kill comes "
+             "once every host's spares are ready.", "",
              "| scenario | kill to next step, median (s) | launcher's share, median (s) | rounds (s) |",
              "|---|---:|---:|---|"]
     for name, ts in times.items():
