@@ -34,7 +34,7 @@ def test_a_restart_starts_warm_ranks_that_look_like_cold_ones(tmp_path):
     run = LiveRun(["-v", "-np", "2", "--max-restarts", "1", PROBE, token], cwd=tmp_path,
                   env={"WANT_SPARES": "2", "FAIL_RANK": "1"})
     assert run.finish() == 0, run.stderr
-    assert "starting 2 warm rank(s)" in run.stderr
+    assert "starting 2 warm rank(s)" in run.stderr and "2 of 2 rank(s) on localhost started warm" in run.stderr
     seen = who(run.lines)
     assert sorted(seen) == [0, 1], run.lines
     for rank, f in seen.items():

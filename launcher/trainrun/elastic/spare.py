@@ -141,7 +141,7 @@ def become(handoff: Handoff, fds: list[int]) -> None:
         runpy._run_module_as_main(program[1], alter_argv=True)  # type: ignore[attr-defined]  # what `python -m` calls
         return
     script = os.path.abspath(program[0])
-    sys.path[0] = os.path.dirname(script)
+    sys.path[0] = os.path.dirname(os.path.realpath(script))  # as CPython computes it for `python SCRIPT`
     sys.argv = program
     try:
         runpy.run_path(script, run_name="__main__")

@@ -148,6 +148,8 @@ class LocalRanks:
             except OSError as err:
                 self.kill()
                 raise _exec_error(spec, err) from None
+        if self.warm_starts:
+            log.info("%d of %d rank(s) on %s started warm", self.warm_starts, len(self.specs), ",".join(self._hosts))
 
     def restart(self, rank: int, count: int) -> None:
         """Start rank `rank` again, as it was planned (after its end was reported; a parameter-server job's
