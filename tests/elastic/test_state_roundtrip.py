@@ -37,3 +37,34 @@ def test_torch_state_round_trip_model_optimizer_and_values():
     s.restore()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items())
     assert torch.equal(opt.state_dict()["state"][0]["exp_avg"], want_opt) and s.epoch == 1
+
+
+def test_tensors_packed_again_are_read_again_when_they_changed_under_the_same_object():
+    """The packer reuses a tensor's view from the last commit while its memory, shape and dtype are unchanged
+    (TorchState commits the model's own parameters each time); any of them replaced must be packed anew."""
+    torch = pytest.importorskip("torch")
+    packer = packing.Packer()
+    p = torch.nn.Parameter(torch.arange(6.0))
+    t = torch.zeros(4)
+    state = {"p": p, "t": t, "tied": p}
+
+    def round_trip():
+        return packing.unpack(packer.pack(state).to_array())
+
+    first = round_trip()
+    assert type(first["p"]) is torch.nn.Parameter and first["p"].requires_grad  # a Parameter comes back as one
+    assert first["tied"] is first["p"]  # one object, laid out once
+    with torch.no_grad():
+        p.add_(1)  # in place: same memory, new values
+    t.fill_(2)
+    again = round_trip()
+    assert torch.equal(again["p"], torch.arange(6.0) + 1) and torch.equal(again["t"], torch.full((4,), 2.0))
+    p.data = torch.arange(10.0)  # new memory and shape under the same Parameter
+    assert torch.equal(round_trip()["p"], torch.arange(10.0))
+    p.requires_grad_(False)
+    p.data = torch.ones(2, 5)  # a Parameter without grad takes numpy()'s path
+    got = round_trip()["p"]
+    assert type(got) is torch.nn.Parameter and not got.requires_grad and torch.equal(got, torch.ones(2, 5))
+    p.data = p.data.view(torch.int32)  # same memory and shape, another dtype
+    got = round_trip()["p"]
+    assert got.dtype == torch.int32 and torch.equal(got, torch.ones(2, 5).view(torch.int32))

@@ -2,7 +2,7 @@
 
 pack(obj) walks `obj` with a pickler whose reducer_override takes out every array whose bytes can be copied
 as they lie: a NumPy ndarray (exact type, no Python objects inside, C or Fortran contiguous) and a torch
-Tensor (exact type, CPU, strided, contiguous, not quantized). TensorFlow variables reach it as the NumPy
+Tensor or Parameter (exact type, CPU, strided, contiguous, not quantized; a Parameter comes back as one). TensorFlow variables reach it as the NumPy
 arrays their states hand over. The pickle (the index) holds everything else and, in place of each array,
 (kind, offset, nbytes, dtype, shape, flag). Other objects -- and arrays that do not qualify: non-contiguous
 views, GPU tensors, subclasses -- are pickled as usual.
@@ -20,6 +20,7 @@ import io
 import pickle
 import struct
 import sys
+import weakref
 
 import numpy as np
 
@@ -44,8 +45,15 @@ def _raw_numpy(obj):
 
 
 def _raw_torch(obj):
+    """As _raw_numpy, for a torch Tensor ('pt') or Parameter ('pp': it comes back as a Parameter)."""
     torch = sys.modules.get("torch")
-    if torch is None or type(obj) is not torch.Tensor:
+    if torch is None:
+        return None
+    if type(obj) is torch.Tensor:
+        kind = "pt"
+    elif type(obj) is torch.nn.Parameter:
+        kind = "pp"
+    else:
         return None
     # Fast path, one torch call: numpy() succeeds only for a CPU, strided, unquantized tensor without grad,
     # conjugate or negative bit, of a dtype NumPy has (whose names are torch's). A commit runs after a training
@@ -56,13 +64,13 @@ def _raw_torch(obj):
     except (RuntimeError, TypeError):
         arr = None
     if arr is not None and arr.flags.c_contiguous:
-        return arr.reshape(-1).view(np.uint8), ("pt", arr.dtype.name, arr.shape, False)
+        return arr.reshape(-1).view(np.uint8), (kind, arr.dtype.name, arr.shape, False)
     if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_quantized or not obj.is_contiguous():
         return None
     if obj.is_conj() or obj.is_neg():
         return None
     flat = obj.detach().reshape(-1).view(torch.uint8)
-    return flat.numpy(), ("pt", str(obj.dtype).removeprefix("torch."), tuple(obj.shape), obj.requires_grad)
+    return flat.numpy(), (kind, str(obj.dtype).removeprefix("torch."), tuple(obj.shape), obj.requires_grad)
 
 
 class Packed:
@@ -114,13 +122,16 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=5)
         self.arrays: list[tuple[int, np.ndarray]] = []
         self.end = 0
+        # id(tensor) -> (weakref, data_ptr, shape, dtype, raw): the tensors of the last dump and of this one
+        self.views: dict[int, tuple] = {}
+        self.seen: dict[int, tuple] = {}
 
     def reducer_override(self, obj):
         cls = type(obj)
         if cls is np.ndarray:
             raw = _raw_numpy(obj)
-        elif cls.__name__ == "Tensor":
-            raw = _raw_torch(obj)
+        elif cls.__name__ in ("Tensor", "Parameter"):
+            raw = self._torch(obj)
         else:
             return NotImplemented
         if raw is None:
@@ -130,6 +141,20 @@ class _Pickler(pickle.Pickler):
         self.arrays.append((offset, flat))
         self.end = offset + flat.size
         return _raw_ref, (kind, offset, flat.size, dtype, shape, flag)
+
+    def _torch(self, obj):
+        """_raw_torch(obj), or the view made for this same tensor at the last dump while its memory, shape and
+        dtype are unchanged: a state that commits the same parameters (TorchState: the model's own, through
+        state_dict(keep_vars=True), and the optimizer's state) then pays one data_ptr() call per tensor
+        instead of numpy()'s (0.02 vs 0.09 ms each after a training step has emptied the caches)."""
+        hit = self.views.get(id(obj))
+        if hit is not None and hit[0]() is obj and obj.data_ptr() == hit[1] and obj.shape == hit[2] and obj.dtype is hit[3]:
+            self.seen[id(obj)] = hit
+            return hit[4]
+        raw = _raw_torch(obj)
+        if raw is not None:
+            self.seen[id(obj)] = (weakref.ref(obj), obj.data_ptr(), obj.shape, obj.dtype, raw)
+        return raw
 
 
 class Packer:
@@ -149,6 +174,7 @@ class Packer:
             p.dump(obj)
         finally:
             p.clear_memo()  # holds the state's objects otherwise
+            p.views, p.seen = p.seen, {}  # the tensors of this state only: views of others are let go
         index = buf.getvalue()
         data_start = _align(_LEN.size + len(index))
         return Packed(index, p.arrays, data_start, data_start + p.end)
@@ -178,11 +204,13 @@ class _Unpickler(pickle.Unpickler):
             out = np.empty(shape[::-1] if flag else shape, dtype=dtype)
             np.copyto(out.reshape(-1).view(np.uint8), src)
             return out.T if flag else out
-        if kind == "pt":
+        if kind in ("pt", "pp"):
             import torch
 
             out = torch.empty(shape, dtype=getattr(torch, dtype))
             np.copyto(out.reshape(-1).view(torch.uint8).numpy(), src)
+            if kind == "pp":
+                return torch.nn.Parameter(out, requires_grad=bool(flag))
             return out.requires_grad_(flag) if flag else out
         raise pickle.UnpicklingError(f"unknown array kind {kind!r} in a packed state")
 

@@ -216,10 +216,11 @@ class Segment:
         struct.pack_into("<Q", self.mm, at, 0)                   # done = 0: incomplete from here on
         self._wrote = None
         algorithm = best_algorithm()
-        hasher = _Hasher(algorithm)
+        # xxh3's own object where there is one: its update() is called per MiB, without a wrapper's call
+        hasher = _xxhash.xxh3_64() if algorithm == XXH3 else _Hasher(algorithm)
         start = DATA_START + slot * self.capacity
         packed.write_into(self.buf[start:start + packed.size], hasher)
-        csum = hasher.value()
+        csum = hasher.intdigest() if algorithm == XXH3 else hasher.value()
         if _HOOK is not None and _HOOK == f"stall:{key[0]}:{key[1]}":
             import sys
             import time

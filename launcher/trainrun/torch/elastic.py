@@ -32,7 +32,9 @@ class TorchState(ObjectState):
 
     def snapshot(self) -> dict:
         return {
-            "model": self.model.state_dict() if self.model is not None else None,
+            # keep_vars: the parameters themselves, the same objects at every commit (packing.py then
+            # reuses their views; state_dict() would detach each afresh). load_state_dict takes either.
+            "model": self.model.state_dict(keep_vars=True) if self.model is not None else None,
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
             "objects": super().snapshot(),
         }
