@@ -46,3 +46,10 @@ def test_a_failing_discovery_script_is_a_usage_error(tmp_path):
         cfg(host_discovery_script=str(script)).host_specs()
     with pytest.raises(UsageError, match="cannot run it"):
         cfg(host_discovery_script=str(tmp_path / "missing.sh")).host_specs()
+
+
+def test_warm_ranks_are_on_by_default_and_shown():
+    on = cfg(num_proc=2, max_restarts=1).elastic_settings()
+    off = cfg(num_proc=2, max_restarts=1, warm_ranks=False).elastic_settings()
+    assert on.warm_ranks and on.to_json()["warm_ranks"] is True and "warm ranks (a spare per rank)" in on.describe()
+    assert not off.warm_ranks and off.describe().endswith("no warm ranks")

@@ -161,7 +161,7 @@ class LaunchConfig:
         min_np = self.min_np if self.min_np is not None else (1 if sizing else None)
         return ElasticSettings(restarts, min_np, self.max_np, self.host_discovery_script,
                                self.blacklist_cooldown_range,
-                               self.elastic_timeout)
+                               self.elastic_timeout, self.warm_ranks)
 
     def host_specs(self) -> list[HostSpec]:
         """The hosts of -H or --hostfile, or those --host-discovery-script lists now (it runs once); without

@@ -31,6 +31,7 @@ class ElasticSettings:
     discovery_script: str | None = None
     cooldown: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
+    warm_ranks: bool = True  # a spare interpreter per rank for the next attempt (supervisor/spares.py)
 
     @property
     def sizing(self) -> bool:
@@ -55,13 +56,14 @@ class ElasticSettings:
             else:
                 parts.append("failed hosts are not used again")
             parts.append(f"gives up after {self.elastic_timeout:g} s below min-np")
+        parts.append("warm ranks (a spare per rank)" if self.warm_ranks else "no warm ranks")
         return "elastic: " + ", ".join(parts)
 
     def to_json(self) -> dict:
         return {"max_restarts": self.max_restarts, "min_np": self.min_np, "max_np": self.max_np,
                 "host_discovery_script": self.discovery_script,
                 "blacklist_cooldown_range": list(self.cooldown) if self.cooldown else None,
-                "elastic_timeout": self.elastic_timeout}
+                "elastic_timeout": self.elastic_timeout, "warm_ranks": self.warm_ranks}
 
 
 def cooldown_for(failures: int, cooldown: tuple[float, float] | None) -> float:

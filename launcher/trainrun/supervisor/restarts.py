@@ -76,7 +76,7 @@ class ElasticLoop:
         old = {s: signal.signal(s, _raise_interrupt) for s in caught}
         guard = Watchdog()  # if this launcher is killed, the guardian removes this machine's state segments
         guard.unlink_on_death(self.control.store.prefix)
-        if self.cfg.warm_ranks:  # the guardian also kills this machine's spares if the launcher dies
+        if self.settings.warm_ranks:  # the guardian also kills this machine's spares if the launcher dies
             from trainrun.supervisor.spares import SparePool
 
             self.spares = SparePool(guard)
@@ -133,7 +133,7 @@ class ElasticLoop:
 
             self.engine = engine_for(self.cfg, self.origin)
             self.pool = AgentPool(self.engine, self.cfg.ssh_timeout + AGENT_START_SLACK, self.cfg.heartbeat_timeout,
-                                  warm=self.cfg.warm_ranks)
+                                  warm=self.settings.warm_ranks)
         failed = self.pool.ensure(remote)
         if not failed:
             return True
