@@ -68,3 +68,21 @@ def test_tensors_packed_again_are_read_again_when_they_changed_under_the_same_ob
     p.data = p.data.view(torch.int32)  # same memory and shape, another dtype
     got = round_trip()["p"]
     assert got.dtype == torch.int32 and torch.equal(got, torch.ones(2, 5).view(torch.int32))
+
+
+def test_an_ordered_dict_comes_back_with_its_order_and_attributes():
+    """A state_dict is an OrderedDict with a `_metadata` attribute (module versions, which load_state_dict
+    reads); the packer writes OrderedDicts through its own reducer."""
+    from collections import OrderedDict
+
+    od = OrderedDict([("b", np.arange(3)), ("a", 1)])
+    od._metadata = OrderedDict([("", {"version": 2})])
+    plain = OrderedDict(x=1)
+    got = packing.unpack(packing.pack({"sd": od, "plain": plain, "again": od}).to_array())
+    assert type(got["sd"]) is OrderedDict and list(got["sd"]) == ["b", "a"]
+    assert (got["sd"]["b"] == np.arange(3)).all() and got["sd"]["a"] == 1
+    assert got["sd"]._metadata == {"": {"version": 2}} and type(got["sd"]._metadata) is OrderedDict
+    assert got["again"] is got["sd"] and got["plain"] == OrderedDict(x=1) and not vars(got["plain"])
+    od["self"] = od  # a cycle through it
+    back = packing.unpack(packing.pack(od).to_array())
+    assert back["self"] is back and list(back) == ["b", "a", "self"]
