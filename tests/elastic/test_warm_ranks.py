@@ -58,7 +58,8 @@ def test_a_lost_hosts_survivors_restart_warm_on_their_agent(tmp_path):
     assert run.finish() == 0, run.stderr
     seen = who(run.lines)
     assert sorted(seen) == [0, 1] and all(f["warm"] == "True" for f in seen.values()), seen
-    assert all(f["resumed"] == "10" or int(f["resumed"]) % 5 == 0 for f in seen.values())
+    # from a commit of attempt 0 (every 5 steps; it trained past step 10 until far2's ranks were killed)
+    assert all(int(f["resumed"]) >= 10 and int(f["resumed"]) % 5 == 0 for f in seen.values()), seen
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []  # far2's idle spares too
 
 
