@@ -15,8 +15,9 @@ only after the hand-off, so they are left out of a spare's environment and of th
 
 When: LocalRanks fills the pool once its attempt's ranks train (their first progress line), so the spares'
 imports do not compete with the ranks' own start-up; spares that no rank of the attempt could use are
-ended. Cleanup: spares are in their own sessions and registered with the owner's Watchdog (killed if the
-owner dies), left out of the owner's sweeps of the job's orphans (`pids`), ended by `close` and when their
+ended. Cleanup: spares are in their own sessions and registered with the owner's job-long Watchdog through
+add_group (killed if the owner dies; add() would make that guardian follow the owner's adopted children, and
+with them an attempt's own guardian, killed before it removed the attempt's MPI segments), left out of the owner's sweeps of the job's orphans (`pids`), ended by `close` and when their
 socket reaches EOF. A spare that died (its import failed) is dropped and the rank starts cold.
 """
 from __future__ import annotations
@@ -139,7 +140,7 @@ class SparePool:
             for argv, cwd, env in left:
                 new = self._spawn(key, argv, cwd, env)
                 if new is not None:
-                    self.watchdog.add(new.proc.pid)
+                    self.watchdog.add_group(new.proc.pid)
                     self._spares.append(new)
                     started += 1
         if started:

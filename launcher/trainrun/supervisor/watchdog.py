@@ -11,6 +11,8 @@ remembers them (pid and start time). If the owner dies, the pipe reaches EOF and
 SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
 ranks' whole trees), then every process carrying the mark, then unlinks the marked job's MPICH segments
 (mpiworld/shm.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
+`add_group(pgid)`: a group it kills without following the owner's adopted children (an elastic launcher's
+spares, registered with its job-long guardian; following them would take in the attempts' own guardians).
 
 `stop_limit(s)` (agents): also do all that, and SIGKILL the owner, when the owner has been stopped
 (SIGSTOP, state T) for `s` seconds: a stopped agent cannot act on a launcher's silence, and the
@@ -48,6 +50,13 @@ class Watchdog:
 
     def add(self, pgid: int) -> None:
         os.write(self._w, b"+%d\n" % pgid)
+
+    def add_group(self, pgid: int) -> None:
+        """Also SIGKILL process group `pgid` if the owner dies, and nothing more: unlike add(), which also makes
+        the guardian follow the owner's adopted children (a job's escaped processes), which would take in
+        other guardians of the owner started later (an elastic launcher's guardian for its spares,
+        supervisor/spares.py, must not kill an attempt's guardian before that one has cleaned up)."""
+        os.write(self._w, b"g%d\n" % pgid)
 
     def mark(self, job_id: str, hosts: list[str]) -> None:
         """Also kill every process of job `job_id` on `hosts` (reaper.py) if the owner dies."""
@@ -95,6 +104,7 @@ def _guard(r: int) -> None:
         me = reaper.stat(os.getpid())
         since = me.start if me else 0  # forked before any rank: the job's processes are younger
         groups, marks, unlinks, buf = set(), set(), set(), b""
+        only: set[int] = set()  # add_group()'s: killed, without following the owner's adopted children
         adopted: dict[int, int] = {}  # pid -> start of the owner's adopted children seen so far
         limit, stopped_since, kill_owner = None, None, False
         while True:
@@ -113,6 +123,8 @@ def _guard(r: int) -> None:
                         limit = float(line[1:])
                     elif line.startswith(b"u"):
                         unlinks.add(line[1:].decode())
+                    elif line.startswith(b"g"):
+                        only.add(int(line[1:]))
                     else:
                         groups.add(int(line[1:]))
             if not groups:
@@ -132,11 +144,11 @@ def _guard(r: int) -> None:
                 stopped_since = None
         procs = reaper.table()
         roots = {pid for pid, start in adopted.items() if pid in procs and procs[pid].start == start}
-        roots |= {p.pid for p in procs.values() if p.pgid in groups}
+        roots |= {p.pid for p in procs.values() if p.pgid in groups or p.pgid in only}
         if kill_owner:  # freeze the owner too: it must not start anything while its tree goes
             roots.add(owner)
         reaper.kill_tree(roots)
-        for pgid in groups:
+        for pgid in groups | only:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
