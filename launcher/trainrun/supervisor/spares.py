@@ -101,10 +101,11 @@ class Spare:
 
     def end(self) -> None:
         self.sock.close()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        if self.proc.returncode is None:  # once reaped, its pid (and group id) may be another process's
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for pipe in (self.proc.stdout, self.proc.stderr):
             if pipe is not None:
                 pipe.close()
