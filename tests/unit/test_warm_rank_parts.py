@@ -72,3 +72,20 @@ def test_handoff_carries_descriptors_and_renumbers_their_variables():
         for f in (r, w):
             os.close(f)
         theirs.close()
+
+
+def test_a_dash_m_programs_source_is_found_without_running_its_package(tmp_path, monkeypatch):
+    """`python -m pkg.train`: the spare reads pkg/train.py's imports, and pkg/__init__.py does not run before
+    the hand-off (it might read the rank's variables, which the spare does not have yet)."""
+    import sys
+
+    from trainrun.elastic.spare import _program_source
+
+    pkg = tmp_path / "warmpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('ran')\n")
+    (pkg / "train.py").write_text("import torch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert preload(_program_source(["-m", "warmpkg.train"])) == ["torch", "torch._dynamo"]
+    assert "warmpkg" not in sys.modules
+    assert _program_source(["-m", "no_such_pkg_anywhere.train"]) == ""

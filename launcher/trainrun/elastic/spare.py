@@ -66,14 +66,25 @@ def preload(source: str) -> list[str]:
     return [m for fw in _PRELOADS if fw in frameworks for m in _PRELOADS[fw]]
 
 
+def _module_path(name: str) -> str | None:
+    """The file of module `name` on sys.path, found without importing it or its parent packages
+    (importlib.util.find_spec would run their __init__, which may read the rank's variables too early)."""
+    from importlib.machinery import PathFinder
+
+    parts, spec, path = name.split("."), None, None
+    for i in range(len(parts)):
+        spec = PathFinder.find_spec(".".join(parts[:i + 1]), path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec.origin if spec is not None else None
+
+
 def _program_source(program: list[str]) -> str:
     """PROGRAM's source: a script's file, or a `-m` module's (found without importing it); "" if unknown."""
     try:
         if program[0] == "-m":
-            import importlib.util
-
-            spec = importlib.util.find_spec(program[1])
-            path = spec.origin if spec is not None else None
+            path = _module_path(program[1])
         else:
             path = program[0]
         if not path:

@@ -187,10 +187,6 @@ class SparePool:
         """The spares' pids: not orphans of a job, whatever their age."""
         return {s.proc.pid for s in self._spares}
 
-    def ready(self) -> int:
-        """How many spares are waiting with their imports done."""
-        return sum(1 for s in self._spares if s.poll_ready())
-
     def close(self) -> None:
         """End every spare."""
         for spare in self._spares:
