@@ -132,3 +132,66 @@ def test_long_line_is_cut_into_bounded_pieces(run_trainrun):
     assert pieces[-1] == "after"
     assert "".join(pieces[:-1]) == "a" * 65536 + "b" * 10 + "c" * 200000
     assert max(map(len, pieces)) <= max_line, [len(p) for p in pieces]
+
+
+# ---- terminal controls from a rank: escaped on a terminal, as written in files and through pipes
+
+RAW = b"\x1b[2J\x1b]0;title\x07\x1b[31mred\x1b[0m"
+PRINT_RAW = ("import sys; o = sys.stdout.buffer; o.write(b'\\x1b[2J\\x1b]0;title\\x07\\x1b[31mred\\x1b[0m\\n'); o.flush(); "
+             "sys.stderr.buffer.write(b'boom \\x1b]0;pwned\\x07\\n'); sys.exit(3)")
+
+
+def _under_a_terminal(argv, cwd, timeout: float = 30) -> tuple[int, bytes]:
+    """Run argv with stdout and stderr on a pseudo-terminal; (exit code, every byte the terminal got)."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import time
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=cwd, start_new_session=True)
+    os.close(slave)
+    got, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                got += data
+            elif proc.poll() is not None:
+                break
+        return proc.wait(timeout=max(deadline - time.monotonic(), 1)), got
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        os.close(master)
+
+
+def test_terminal_controls_are_escaped_on_a_terminal_but_kept_in_files(tmp_path):
+    """On a terminal: the rank's screen clear and window title (stdout, and stderr's line in the failure
+    summary too) arrive as visible text, its colour as colour. --output-dir's files: the raw bytes."""
+    from conftest import trainrun_argv
+
+    logs = tmp_path / "logs"
+    code, screen = _under_a_terminal(trainrun_argv("-np", 1, "--output-dir", logs, sys.executable, "-c", PRINT_RAW),
+                                     tmp_path)
+    assert code == 3, screen
+    assert b"[0]<stdout>:\\x1b[2J\\x1b]0;title\\x07\x1b[31mred\x1b[0m" in screen, screen
+    assert b"\x1b[2J" not in screen and b"\x1b]0;" not in screen, screen  # nothing the terminal would act on
+    assert b"boom \\x1b]0;pwned\\x07" in screen, screen
+    assert (logs / "rank.0" / "stdout").read_bytes() == RAW + b"\n"
+    assert (logs / "rank.0" / "stderr").read_bytes() == b"boom \x1b]0;pwned\x07\n"
+
+
+def test_terminal_controls_pass_through_a_pipe_as_written(run_trainrun):
+    """A pipe (or a file) is the user's own redirect: they get the rank's bytes."""
+    run = run_trainrun("-np", 1, sys.executable, "-c", PRINT_RAW)
+    assert run.rc == 3
+    assert run.out == b"[0]<stdout>:" + RAW + b"\n"
+    assert b"[0]<stderr>:boom \x1b]0;pwned\x07\n" in run.err

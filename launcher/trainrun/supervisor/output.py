@@ -8,12 +8,18 @@ newline added. Lines longer than MAX_LINE are cut into pieces so memory stays bo
 rank. With a `Folder` (--fold, fold.py) console lines go through it: identical lines of many ranks as
 one `[0-7]<stdout>:` line, `\r` progress bars as occasional snapshots. Without either the output is
 exactly as before.
+
+Terminal control: where the launcher's stdout or stderr is a terminal (isatty when the sink is made), rank
+lines written there show the bytes a terminal would act on as text (`terminal_safe`: a rank's screen clear,
+window title or cursor move appears as `\\x1b[2J`, ...), except colour (SGR) and tab/CR. Where it is not a
+terminal (a pipe, a file: the user's own redirect), and in --output-dir's files, the bytes are as written.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, BinaryIO
 
 import os
+import re
 import sys
 import time
 
@@ -31,6 +37,37 @@ MAX_LINE = 1 << 16
 SIGPIPE_EXIT = 128 + 13  # the reader of our output went away (`trainrun ... | head`): what a shell reports for SIGPIPE
 TAIL_LINES = 200  # kept per rank for the failure summary (result.py picks what to show, e.g. a traceback)
 TAIL_LINE_CHARS = 2000
+
+
+# What a terminal acts on instead of showing: C0 controls but tab, LF and CR (a progress bar's \r stays), ESC
+# (starting CSI, OSC, DCS, ...), and the C1 controls as UTF-8 encodes them (U+0080-U+009F: \xc2\x80-\xc2\x9f).
+# A lone byte 0x80-0x9f is left alone: in UTF-8 text it is the continuation byte of a character (`é`, `€`).
+_CONTROL = rb"[\x00-\x08\x0b\x0c\x0e-\x1f]|\xc2[\x80-\x9f]"
+# the fast test for "nothing to escape": bytes.translate deleting these runs at ~2 GB/s, 20x the regex's scan
+_MAYBE_CONTROL = bytes([*range(0x09), 0x0b, 0x0c, *range(0x0e, 0x20), 0xc2])
+# SGR (colour, bold: ESC [ digits ; : m) is let through whole; every other control is shown as \xNN
+_TO_ESCAPE = re.compile(rb"(\x1b\[[0-9;:]*m)|" + _CONTROL)
+
+
+def _escaped(m: re.Match[bytes]) -> bytes:
+    return m[1] or b"\\x%02x" % m[0][-1]  # a C1 control's last byte is its code point
+
+
+def terminal_safe(data: bytes) -> bytes:
+    """`data` with every terminal control shown as text (`\\x1b`, `\\x07`, `\\x9b` for the C1 character
+    U+009B), SGR colour sequences, tab, LF and CR kept. Meant for whole lines: a sequence cut in two
+    is escaped, never let through. Returns `data` itself when it holds no control (the common case,
+    one pass over the bytes)."""
+    if len(data.translate(None, _MAYBE_CONTROL)) == len(data):
+        return data
+    return _TO_ESCAPE.sub(_escaped, data)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty (a test's buffer), or closed
+        return False
 
 
 def _cut(line: bytes) -> list[bytes]:
@@ -74,8 +111,12 @@ def prepare_output_dir(path: str) -> None:
 
 
 class OutputSink:
+    """Rank output to the console and --output-dir. `escape`: show terminal controls in rank lines as text
+    (terminal_safe) on stdout and stderr; None (the default): on each of them that is a terminal now."""
+
     def __init__(self, prefix: str = "rank", output_dir: str | None = None, out=None, err=None, *,
-                 show: frozenset[int] | None = None, folder: Folder | None = None, clock=time.monotonic):
+                 show: frozenset[int] | None = None, folder: Folder | None = None, clock=time.monotonic,
+                 escape: bool | None = None):
         if prefix not in PREFIXES:
             raise ValueError(f"prefix mode {prefix!r}")
         self.prefix = prefix
@@ -85,6 +126,7 @@ class OutputSink:
         self._partial: dict[tuple[int, int], bytes] = {}
         self._tails: dict[int, deque] = {}
         self._out = {1: out or sys.stdout.buffer, 2: err or sys.stderr.buffer}
+        self._safe = {s: _is_terminal(f) if escape is None else escape for s, f in self._out.items()}
         self.broken = False  # the reader of our stdout/stderr went away (e.g. `trainrun ... | head`)
 
     def _prefix(self, rank: int | str, stream: int) -> bytes:
@@ -116,7 +158,7 @@ class OutputSink:
             self._partial[key] = rest
         if stream == 2 and lines:
             tail = self._tails.setdefault(rank, deque(maxlen=TAIL_LINES))
-            tail.extend(line[:TAIL_LINE_CHARS].decode(errors="replace") for line in lines)
+            tail.extend(self._tail_line(line) for line in lines)
         if self.show is not None and rank not in self.show:
             return
         if self.folder is not None:
@@ -125,13 +167,22 @@ class OutputSink:
         if not lines:
             return
         prefix = self._prefix(rank, stream)
-        self._emit(stream, b"".join(prefix + line + b"\n" for line in lines))
+        self._emit_ranks(stream, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _tail_line(self, line: bytes) -> str:
+        """A stderr line as the failure summary may print it (to the launcher's stderr: escaped if a terminal)."""
+        line = line[:TAIL_LINE_CHARS]
+        return (terminal_safe(line) if self._safe[2] else line).decode(errors="replace")
 
     def _emit_folded(self, folded: list[Folded]) -> None:
         from trainrun.rankset import format_ranks  # only with --fold (off the default launch path)
 
         for f in folded:
-            self._emit(f.stream, self._prefix(format_ranks(f.ranks), f.stream) + f.text + b"\n")
+            self._emit_ranks(f.stream, self._prefix(format_ranks(f.ranks), f.stream) + f.text + b"\n")
+
+    def _emit_ranks(self, stream: int, data: bytes) -> None:
+        """Write whole lines of rank output (escaped where the stream is a terminal)."""
+        self._emit(stream, terminal_safe(data) if self._safe[stream] else data)
 
     def tick(self) -> None:
         """Release folded lines whose window has passed (called from the job's loop)."""
