@@ -129,3 +129,82 @@ def test_hostfile_byte_order_mark_is_skipped(tmp_path):
     path.write_bytes(b"\xef\xbb\xbfnode1 slots=2\nnode2 slots=2\n")
     assert read_hostfile(str(path)) == [HostSpec("node1", 2), HostSpec("node2", 2)]
     assert parse_hostfile_text("\ufeffnode1:2\n", "hf") == [HostSpec("node1", 2)]
+
+
+# bounded reading (issue 38): a hostfile is parsed while it is read, with a byte and a line-length limit
+
+def test_a_hostfile_without_newlines_is_refused_at_its_first_line(tmp_path):
+    """Before: read whole (/dev/zero grew without end)."""
+    from trainrun.plan.hosts import MAX_HOSTFILE_LINE, read_hostfile
+
+    with pytest.raises(UsageError, match=f"^/dev/zero:1: line longer than {MAX_HOSTFILE_LINE} bytes"):
+        read_hostfile("/dev/zero")
+    path = tmp_path / "one-line"
+    path.write_bytes(b"h" * (MAX_HOSTFILE_LINE + 10))
+    with pytest.raises(UsageError, match=f"^{path}:1: line longer than"):
+        read_hostfile(str(path))
+
+
+def test_a_line_of_exactly_the_limit_is_read(tmp_path):
+    from trainrun.plan.hosts import MAX_HOSTFILE_LINE, read_hostfile
+
+    path = tmp_path / "hf"
+    padded = "h1 slots=2 #".ljust(MAX_HOSTFILE_LINE, "x")
+    path.write_text(f"{padded}\nh2\n")  # the limit is of the line's bytes before its newline
+    assert read_hostfile(str(path)) == [HostSpec("h1", 2), HostSpec("h2", 1)]
+
+
+def test_a_hostfile_over_the_byte_limit_is_refused(tmp_path):
+    from trainrun.plan.hosts import MAX_HOSTFILE_BYTES, read_hostfile
+
+    path = tmp_path / "big"
+    comment = b"# " + b"x" * 1000 + b"\n"
+    path.write_bytes(b"h1 slots=2\n" + comment * (MAX_HOSTFILE_BYTES // len(comment) + 1))
+    with pytest.raises(UsageError, match=rf"^--hostfile {path}: more than 4 MiB \(at line \d+\)"):
+        read_hostfile(str(path))
+
+
+class _EndlessHostfile:
+    """A file-like hostfile whose lines never end (h1, h1, h2, h3, ...): only a reader that parses each line as
+    it reads it ever returns."""
+
+    def __init__(self) -> None:
+        self.lines_read = 0
+
+    def readline(self, limit: int = -1) -> bytes:
+        self.lines_read += 1
+        return b"h1\n" if self.lines_read <= 2 else f"h{self.lines_read}\n".encode()
+
+
+def test_the_first_bad_line_is_reported_without_reading_the_rest():
+    """Before: a 1 M-line hostfile took 10.8 s to report a duplicate on line 2."""
+    from trainrun.plan import hosts
+
+    f = _EndlessHostfile()
+    with pytest.raises(UsageError, match="^hf:2: host 'h1' is listed twice"):
+        hosts._parse_hostfile_lines(hosts._hostfile_lines(f, "hf"), "hf")  # type: ignore[arg-type]
+    assert f.lines_read == 2
+
+
+def test_a_line_that_is_not_utf8_is_named(tmp_path):
+    from trainrun.plan.hosts import read_hostfile
+
+    path = tmp_path / "hf"
+    path.write_bytes(b"h1\nh\xff2\n")
+    with pytest.raises(UsageError, match=f"^{path}:2: not UTF-8 text"):
+        read_hostfile(str(path))
+    path.write_bytes(b"\xef\xbb\xbfh1 slots=3\r\nh2\n")  # a byte-order mark, CRLF line ends
+    assert read_hostfile(str(path)) == [HostSpec("h1", 3), HostSpec("h2", 1)]
+
+
+def test_no_more_hosts_than_a_job_may_have_ranks(monkeypatch, tmp_path):
+    from trainrun.plan.hosts import read_hostfile
+
+    monkeypatch.setenv("TRAINRUN_MAX_RANKS", "3")
+    path = tmp_path / "hf"
+    path.write_text("a\nb\n# c\nc\nd\ne\n")
+    with pytest.raises(UsageError, match=f"^{path}:5: more than 3 hosts"):
+        read_hostfile(str(path))
+    with pytest.raises(UsageError, match="^-H entry 'd': more than 3 hosts"):
+        parse_hosts_arg("a,b,c,d")
+    assert len(parse_hosts_arg("a,b,c")) == 3

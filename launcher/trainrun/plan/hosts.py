@@ -7,6 +7,10 @@ Accepted forms
     -H         host[:slots][,host[:slots]...]      user@host and [ipv6]:slots allowed
     hostfile   `host slots=N`, `host:N`, `host` (1 slot), `# comments`, blank lines; a UTF-8 BOM is skipped
 
+A hostfile is read line by line and each line parsed as it is read, so the first bad line ends the read;
+the file is at most MAX_HOSTFILE_BYTES, a line at most MAX_HOSTFILE_LINE bytes, and `-H` or a hostfile lists at
+most as many hosts as a job may have ranks: any input, /dev/zero too, ends in one line at once.
+
 A host is a DNS name (dot-separated labels of 1-63 letters, digits, '-' and '_', no label starting or ending
 with '-', 253 characters at most, one trailing dot allowed), an IPv4 address (a name whose last label is all
 digits must be one) or an IPv6 address in brackets. '_' is allowed because ssh-config aliases and container
@@ -17,11 +21,12 @@ and the ranks of a job are capped (plan/limits.py).
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
+from typing import BinaryIO, Iterable, Iterator
 
 from trainrun.errors import UsageError
 from trainrun.plan.limits import max_ranks
@@ -115,34 +120,50 @@ def _parse_entry(entry: str) -> HostSpec:
     return HostSpec(name, slots, user)
 
 
-def _check_duplicates(specs: list[HostSpec], where: list[str]) -> None:
-    """A host is its name: one agent, one set of local ranks. The same name twice, even with two logins
-    (`alice@h1`, `bob@h1`), is a usage error, never a silent merge."""
-    seen: dict[str, tuple[HostSpec, str]] = {}
-    for spec, loc in zip(specs, where):
-        if spec.name in seen:
-            first, first_loc = seen[spec.name]
+class _HostList:
+    """The hosts of `-H` or a hostfile, checked as each one is added, so that the first bad entry is reported
+    as soon as it is read (a hostfile is parsed while it is read: a duplicate on line 2 of a huge file is
+    reported without reading the rest).
+
+    A host is its name: one agent, one set of local ranks. The same name twice, even with two logins
+    (`alice@h1`, `bob@h1`), is a usage error, never a silent merge. More hosts than a job may have ranks
+    (plan/limits.py) is one too: a host beyond that could never get a rank, and the cap bounds the memory a
+    long list takes."""
+
+    def __init__(self) -> None:
+        self.specs: list[HostSpec] = []
+        self._seen: dict[str, tuple[HostSpec, str]] = {}
+        self._cap = max_ranks()
+
+    def add(self, spec: HostSpec, loc: str) -> None:
+        """Append `spec`, found at `loc` (`file:line` or `-H entry '...'`); UsageError naming `loc` if it repeats
+        a host or is one host too many."""
+        if spec.name in self._seen:
+            first, first_loc = self._seen[spec.name]
             if str(first) == str(spec):
                 raise UsageError(f"{loc}: host '{spec}' is listed twice (first at {first_loc}); give it once with the total slots")
             raise UsageError(f"{loc}: host '{spec.name}' is listed twice, as '{first}' (at {first_loc}) and as '{spec}'; "
                              "a host runs one agent for all its ranks: give it once, with one login and the total slots")
-        seen[spec.name] = (spec, loc)
+        if len(self.specs) >= self._cap:
+            raise UsageError(f"{loc}: more than {self._cap} hosts, the most ranks a job may have (TRAINRUN_MAX_RANKS); "
+                             "list only the hosts the job may use")
+        self._seen[spec.name] = (spec, loc)
+        self.specs.append(spec)
 
 
 def parse_hosts_arg(text: str) -> list[HostSpec]:
     """Parse the value of `-H`. Raises UsageError naming the bad entry."""
-    specs, where = [], []
+    hosts = _HostList()
     for entry in text.split(","):
         entry = entry.strip()
         if not entry:
             raise UsageError(f"-H '{text}': empty host entry; write -H host1:2,host2:2")
         try:
-            specs.append(_parse_entry(entry))
+            spec = _parse_entry(entry)
         except ValueError as err:
             raise UsageError(f"-H entry '{entry}': {err}; write host or host:slots, e.g. -H node1:4,node2:4") from None
-        where.append(f"-H entry '{entry}'")
-    _check_duplicates(specs, where)
-    return specs
+        hosts.add(spec, f"-H entry '{entry}'")
+    return hosts.specs
 
 
 def format_hosts(specs: Iterable[HostSpec]) -> str:
@@ -153,22 +174,26 @@ def format_hosts(specs: Iterable[HostSpec]) -> str:
 
 def parse_hostfile_text(text: str, path: str) -> list[HostSpec]:
     """Parse hostfile contents; `path` is used in messages only."""
-    specs, where = [], []
     text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark, as some Windows editors write
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    return _parse_hostfile_lines(enumerate(text.splitlines(), start=1), path)
+
+
+def _parse_hostfile_lines(lines: Iterable[tuple[int, str]], path: str) -> list[HostSpec]:
+    """The hosts of (line number, line) pairs, each line parsed as it comes: UsageError for the first bad one."""
+    hosts = _HostList()
+    for lineno, raw in lines:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         loc = f"{path}:{lineno}"
         try:
-            specs.append(_parse_hostfile_line(line))
+            spec = _parse_hostfile_line(line)
         except ValueError as err:
             raise UsageError(f"{loc}: {err} in '{raw.strip()}'; write 'host slots=N', 'host:N' or 'host'") from None
-        where.append(loc)
-    if not specs:
+        hosts.add(spec, loc)
+    if not hosts.specs:
         raise UsageError(f"{path}: no hosts in hostfile; add lines like 'node1 slots=4'")
-    _check_duplicates(specs, where)
-    return specs
+    return hosts.specs
 
 
 def _parse_hostfile_line(line: str) -> HostSpec:
@@ -193,20 +218,51 @@ def _parse_hostfile_line(line: str) -> HostSpec:
     return HostSpec(name, slots, user)
 
 
+MAX_HOSTFILE_BYTES = 4 * 1024 * 1024
+"""The most bytes a hostfile may have. A host's line is tens of bytes, so 4 MiB holds far more hosts than a job
+may have ranks (plan/limits.py) with room for comments; anything bigger is the wrong file (a log, a dataset,
+/dev/zero), and reading stops here instead of filling memory."""
+
+MAX_HOSTFILE_LINE = 4096
+"""The most bytes of one hostfile line: a host name is at most 253 characters, so a longer line is not a
+host's (a file without newlines, a binary file) and is refused without reading the rest of it."""
+
+
+def _hostfile_lines(f: BinaryIO, path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of the hostfile open as `f`, read one bounded line at a time (never more than
+    MAX_HOSTFILE_LINE + 1 bytes at once, MAX_HOSTFILE_BYTES in all). UsageError naming `path:line` for a line
+    too long, a file too big or a line that is not UTF-8."""
+    total = 0
+    for lineno in itertools.count(1):
+        raw = f.readline(MAX_HOSTFILE_LINE + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if total > MAX_HOSTFILE_BYTES:
+            raise UsageError(f"--hostfile {path}: more than {MAX_HOSTFILE_BYTES // (1024 * 1024)} MiB (at line {lineno}); "
+                             "a hostfile has one 'host slots=N' line per host: is this the right file?")
+        if len(raw) > MAX_HOSTFILE_LINE and not raw.endswith(b"\n"):
+            raise UsageError(f"{path}:{lineno}: line longer than {MAX_HOSTFILE_LINE} bytes; a hostfile has one "
+                             "'host slots=N' line per host: is this the right file?")
+        try:
+            text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # -sig: a byte-order mark, as some editors write
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}:{lineno}: not UTF-8 text; a hostfile is a text file of 'host slots=N' lines") from None
+        yield lineno, text
+
+
 def read_hostfile(path: str) -> list[HostSpec]:
-    """Read and parse a hostfile. Raises UsageError for a missing/unreadable file or a bad line."""
+    """Read and parse a hostfile, each line as it is read (bounded: MAX_HOSTFILE_BYTES, MAX_HOSTFILE_LINE).
+    Raises UsageError for a missing/unreadable file, one too big, or the first bad line."""
     try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            return _parse_hostfile_lines(_hostfile_lines(f, path), path)
     except FileNotFoundError:
         raise UsageError(f"--hostfile {path}: no such file") from None
     except IsADirectoryError:
         raise UsageError(f"--hostfile {path}: is a directory, not a hostfile") from None
-    except (PermissionError, OSError) as err:
+    except OSError as err:
         raise UsageError(f"--hostfile {path}: cannot read it ({err.strerror})") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"--hostfile {path}: not a text file") from None
-    return parse_hostfile_text(text, path)
 
 
 @lru_cache(maxsize=None)
