@@ -261,21 +261,114 @@ def _aliases(command: click.Command) -> dict[str, click.Parameter]:
     return out
 
 
-def load_config_file(path: str, ctx: click.Context) -> dict[str, Any]:
-    """Read a YAML config into click's default_map form ({param name: converted value})."""
+MAX_CONFIG_BYTES = 1024 * 1024
+"""The most bytes of a YAML config (`--config`, horovodrun's `--config-file`), and the most characters of text
+its values may hold once aliases are expanded. A config is an option per line and perhaps a host list:
+kilobytes. Bigger is the wrong file, and is refused before it is parsed."""
+
+MAX_CONFIG_NODES = 20_000
+"""The most values (scalars, lists, mappings) a YAML config may hold, aliases counted each time they are used.
+Beyond any list of options and hosts (a longer host list belongs in a --hostfile); PyYAML composes them in
+about 0.4 s. With MAX_CONFIG_BYTES it bounds what aliases expand to: `&a [x, x], &b [*a, *a], ...` doubles per
+line, and every later use of the value (str(), join) would walk the expansion."""
+
+MAX_CONFIG_DEPTH = 64
+"""The deepest nesting of lists and mappings in a YAML config (PyYAML composes recursively: `[[[[...` would
+end in a RecursionError's traceback). A config nests two levels."""
+
+
+class _ConfigTooBig(Exception):
+    """A YAML config past a bound (what, and where: the PyYAML mark)."""
+
+    def __init__(self, problem: str, mark: Any):
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, mark
+
+
+def _bounded_loader(text: str) -> Any:
+    """A yaml.SafeLoader over `text` that counts the values it composes, each alias as the whole value it names
+    (nodes and text), and their depth; past MAX_CONFIG_NODES, MAX_CONFIG_BYTES or MAX_CONFIG_DEPTH it raises
+    _ConfigTooBig while composing, before any alias is expanded into Python objects."""
     import yaml
 
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]  # yaml is untyped here (pyproject: ignore_missing_imports)
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.nodes = self.chars = self.depth = 0
+            self.sizes: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, chars) it expands to
+
+        def count(self, nodes: int, chars: int) -> None:
+            self.nodes += nodes
+            self.chars += chars
+            if self.nodes > MAX_CONFIG_NODES:
+                raise _ConfigTooBig(f"more than {MAX_CONFIG_NODES} values (aliases counted each time they are used)",
+                                    self.get_mark())
+            if self.chars > MAX_CONFIG_BYTES:
+                raise _ConfigTooBig(f"values hold more than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB of text "
+                                    "(aliases counted each time they are used)", self.get_mark())
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                node = super().compose_node(parent, index)
+                size = self.sizes.get(id(node))
+                if size is None:  # the anchor's own value is still being composed
+                    raise _ConfigTooBig("an alias inside the value it names (a value that contains itself)", self.get_mark())
+                self.count(*size)
+                return node
+            self.depth += 1
+            if self.depth > MAX_CONFIG_DEPTH:
+                raise _ConfigTooBig(f"lists or mappings nested more than {MAX_CONFIG_DEPTH} deep", self.get_mark())
+            nodes, chars = self.nodes, self.chars
+            node = super().compose_node(parent, index)
+            self.depth -= 1
+            self.count(1, len(node.value) if isinstance(node, yaml.ScalarNode) else 0)
+            self.sizes[id(node)] = (self.nodes - nodes, self.chars - chars)
+            return node
+
+    return Loader(text)
+
+
+def read_yaml_config(path: str, flag: str) -> Any:
+    """The YAML document in `path` (None when empty), read within bounds: MAX_CONFIG_BYTES of UTF-8 text, at
+    most MAX_CONFIG_NODES values (aliases expanded) MAX_CONFIG_DEPTH deep. `flag` (`--config`) names the option
+    in messages. Raises UsageError, one line naming the file (and its line where one is to blame)."""
+    import yaml
+
+    where = f"{flag} {path}"
     try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
-        raise UsageError(f"--config {path}: no such file") from None
+        raise UsageError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{where}: is a directory, not a YAML file") from None
     except OSError as err:
-        raise UsageError(f"--config {path}: cannot read it ({err.strerror})") from None
+        raise UsageError(f"{where}: cannot read it ({err.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise UsageError(f"{where}: more than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB; a config is a mapping of "
+                         "option: value (a long host list belongs in a --hostfile)")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UsageError(f"{where}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); save it as UTF-8") from None
+    loader = _bounded_loader(text)
+    try:
+        return loader.get_single_data()
+    except _ConfigTooBig as err:
+        raise UsageError(f"{where}:{err.problem_mark.line + 1}: {err.problem}; a config is a small mapping of "
+                         "option: value") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else path
-        raise UsageError(f"{where}: not valid YAML ({getattr(err, 'problem', err)})") from None
+        problem = " ".join(str(getattr(err, "problem", None) or err).split())  # one line (a ReaderError has two)
+        raise UsageError(f"{where}{f':{mark.line + 1}' if mark else ''}: not valid YAML ({problem})") from None
+    finally:
+        loader.dispose()
+
+
+def load_config_file(path: str, ctx: click.Context) -> dict[str, Any]:
+    """Read a YAML config (read_yaml_config: bounded) into click's default_map form ({param name: converted value})."""
+    doc = read_yaml_config(path, "--config")
     if doc is None:
         return {}
     if not isinstance(doc, dict):

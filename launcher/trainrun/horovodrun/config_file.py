@@ -50,18 +50,11 @@ def _typed(path: str, where: str, value, kind: type):
 
 
 def load(path: str) -> dict:
-    """The parsed YAML document (a mapping); UsageError if it cannot be read or is not one."""
-    import yaml
+    """The parsed YAML document (a mapping); UsageError if it cannot be read or is not one. Read as trainrun's
+    --config is (cli/config.read_yaml_config: size, values and alias expansion bounded, UTF-8 only)."""
+    from trainrun.cli.config import read_yaml_config
 
-    try:
-        with open(path) as f:
-            doc = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise UsageError(f"--config-file {path}: no such file") from None
-    except OSError as err:
-        raise UsageError(f"--config-file {path}: cannot read it ({err.strerror})") from None
-    except yaml.YAMLError as err:
-        raise UsageError(f"--config-file {path}: not valid YAML ({getattr(err, 'problem', err)})") from None
+    doc = read_yaml_config(path, "--config-file")
     if doc is None:
         return {}
     if not isinstance(doc, dict):
