@@ -42,6 +42,7 @@ import threading
 import time
 
 ENV = "TRAINRUN_DIAG_FD"
+STACKS_DIR_ENV = "TRAINRUN_STACKS_DIR"  # diag/stacks.STACKS_DIR_ENV (not imported: a rank need not load that module)
 PROGRESS_EVERY_S = 1.0
 STALL_EVERY_S = 10.0
 SLOWEST_TRANSFER_BPS = 10e6  # bytes/s: a transfer slower than this counts as stuck (1 GbE moves ~100e6)
@@ -89,7 +90,10 @@ def install(engine=None) -> None:
     try:
         os.set_blocking(_fd, False)
         rank = os.environ.get("RANK", "x")
-        handle, path = tempfile.mkstemp(prefix=f"trainrun-stacks-{rank}-", suffix=".txt")
+        # in the job's directory on this host, which its owner removes after the ranks (diag/stacks.py): a
+        # SIGKILLed rank never runs the atexit removal below; without one (no owner), the temporary directory
+        where = os.environ.get(STACKS_DIR_ENV) or None
+        handle, path = tempfile.mkstemp(prefix=f"trainrun-stacks-{rank}-", suffix=".txt", dir=where)
         f = os.fdopen(handle, "a")
         faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
         atexit.register(_remove, path, os.getpid())

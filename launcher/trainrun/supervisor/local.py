@@ -115,6 +115,7 @@ class LocalRanks:
         self._next_reap = 0.0
         self._started: tuple | None = None  # (sel, watchdog) once started: restart() starts a rank again with them
         self._retired: list[_Rank] = []  # ranks that were restarted: their old pipes are closed at close()
+        self._stacks_dirs: dict[str, str | None] = {}  # host -> the job's stack-file directory there (diag/stacks.py)
 
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
@@ -178,6 +179,10 @@ class LocalRanks:
         os.set_blocking(diag_r, False)
         pass_fds += (diag_w,)
         env["TRAINRUN_DIAG_FD"] = f"{diag_w}:{os.fstat(diag_w).st_ino}"
+        if (stacks := self._stacks_dir(spec)) is not None:
+            from trainrun.diag.stacks import STACKS_DIR_ENV
+
+            env[STACKS_DIR_ENV] = stacks
         ctl_sock = None
         if self.control is not None:
             ctl_sock = self.control.child_end(spec.rank, sel)
@@ -212,6 +217,18 @@ class LocalRanks:
         sel.register(rank.pidfd, selectors.EVENT_READ, lambda: self._reap(rank, sel))
         if parent_sock is not None:
             sel.register(parent_sock, selectors.EVENT_READ, lambda: self._read_pmi(rank, sel))
+
+    def _stacks_dir(self, spec: ProcessSpec) -> str | None:
+        """The job's stack-file directory on the rank's host, made with its first rank (close() removes it,
+        the Watchdog if this process dies, a lost host's reaper otherwise: diag/stacks.py); None without a job id."""
+        host = spec.env.get("TRAINRUN_HOSTNAME", spec.host)
+        if self._job_id is None:
+            return None
+        if host not in self._stacks_dirs:
+            from trainrun.diag.stacks import make_stacks_dir
+
+            self._stacks_dirs[host] = make_stacks_dir(self._job_id, host)
+        return self._stacks_dirs[host]
 
     def _warm_start(self, spec: ProcessSpec, env: dict[str, str], pass_fds: tuple[int, ...],
                     cpus: set[int] | None) -> subprocess.Popen | None:
@@ -402,6 +419,12 @@ class LocalRanks:
                     os.unlink(rank.hook.path)
                 except OSError:
                     pass
+        if self._stacks_dirs:  # and those of ranks killed before they announced it: every rank is reaped now
+            from trainrun.diag.stacks import remove_stacks_dir
+
+            for host in self._stacks_dirs:
+                remove_stacks_dir(self._job_id, host)
+            self._stacks_dirs.clear()
         with self._dump_lock:
             if self._wake is not None:
                 _close_quietly(sel, self._wake[0])

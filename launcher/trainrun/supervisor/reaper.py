@@ -19,8 +19,10 @@ watchdog, the launcher's fresh-connection sweep).
 
 `python -m trainrun.supervisor.reaper JOB_ID HOST [AGENT_PID:START]`: what the launcher runs over a fresh
 connection on a host whose agent went silent: kill the agent's whole tree (the agent included, if it is
-still the process that started at START) and every process with the job's mark; exit 0 when nothing is
-left, 1 otherwise (the survivors on stdout).
+still the process that started at START) and every process with the job's mark, then remove what the
+agent would have removed after them and cannot any more (it is killed with its tree, its watchdog too): the
+job's MPICH segments in /dev/shm (mpiworld/shm.py) and its stack-file directory for HOST (diag/stacks.py),
+both named after the job id; exit 0 when no process is left, 1 otherwise (the survivors on stdout).
 """
 from __future__ import annotations
 
@@ -210,8 +212,22 @@ def sweep_host(job_id: str, host: str, agent: str | None) -> list[int]:
         p = stat(int(pid))
         if p is not None and str(p.start) == start:
             roots.add(p.pid)
-    left = kill_tree(roots) if roots else []
-    return sorted(set(left) | set(sweep(job_id, [host])))
+    left = sorted(set(kill_tree(roots) if roots else []) | set(sweep(job_id, [host])))
+    remove_files(job_id, host)  # a survivor (reported) keeps its mappings: unlinking only drops the names
+    return left
+
+
+def remove_files(job_id: str, host: str) -> None:
+    """Remove what job `job_id`'s killed ranks on `host` leave there: its MPICH segments in /dev/shm (the
+    host's; several simulated hosts each have their own) and its stack-file directory. Never raises."""
+    from trainrun.diag.stacks import remove_stacks_dir
+    from trainrun.mpiworld.shm import kvsname_for, remove_shm_segments
+
+    try:
+        remove_shm_segments(kvsname_for(job_id))
+    except OSError:
+        pass
+    remove_stacks_dir(job_id, host)
 
 
 def main(argv: list[str]) -> int:
