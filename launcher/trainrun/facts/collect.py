@@ -8,6 +8,7 @@ from typing import Any
 
 from trainrun.version import __version__
 from trainrun.facts.model import HostFacts, Nic
+from trainrun.mpiworld.shm import shm_free
 
 
 WORKER_PORTS = 8  # ports reported for TF_CONFIG's workers; local ranks beyond take the next numbers up
@@ -42,7 +43,7 @@ def launch_facts(with_nics: bool = False) -> HostFacts:
         nics = tuple(local_nics())
     return HostFacts(hostname=socket.gethostname(), cpus=len(os.sched_getaffinity(0)), python=sys.executable,
                      trainrun=__version__, gpus=local_gpu_pool(), free_port=ports[0], worker_ports=tuple(ports[1:]),
-                     nics=nics)
+                     nics=nics, shm_free=shm_free())
 
 
 def mpi_facts() -> dict[str, Any]:

@@ -64,6 +64,7 @@ class HostFacts:
     free_port: int = 29500           # a TCP port free there when asked (MASTER_PORT for rank 0's host)
     worker_ports: tuple[int, ...] = ()  # more ports free there then (TF_CONFIG's workers, one per local rank)
     nics: tuple[Nic, ...] = ()
+    shm_free: int | None = None      # bytes free in /dev/shm when asked (None: unknown, an older agent): the MPI world's room
     # --check only
     os: str = ""
     distro: str = ""

@@ -64,6 +64,8 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
     ps = cfg.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
     by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
     local = [p for p in plan.procs if p.host not in agents]
+    if mpi:
+        check_shm_room(by_host, facts, set(agents))
     groups: list[RankGroup] = [LocalRanks(local, pmi=mpi, control=control, spares=spares)] if local else []
     forward = forwarded_env(os.environ)
     for name, agent in agents.items():
@@ -88,3 +90,24 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
 
         monitor.attach_to_job(job, cfg.monitor, cfg.json)
     return job
+
+
+def check_shm_room(by_host: dict, facts: dict, remote: set[str]) -> None:
+    """Raise TrainrunError (exit 3, as a host that cannot be set up) naming every host whose /dev/shm has less
+    room than the MPI world of its ranks needs (mpiworld/shm.py), before any rank starts: short of it, MPICH's
+    ranks die of SIGBUS at MPI_Init, which says nothing of why and would spend an elastic job's restarts (an
+    error raised here ends the job, the loop's attempt never starts). A remote host's room is the one its agent
+    reported in HELLO; this machine's is read now (an elastic job's facts of it are from its first attempt).
+    Whether the program initializes MPI at all cannot be known, so the need is what MPICH takes at init (about
+    1 MiB a rank), which a normal host has."""
+    from trainrun.errors import HostError, TrainrunError
+    from trainrun.mpiworld.shm import shm_free, shm_shortage
+
+    short = []
+    for host, procs in by_host.items():
+        free = getattr(facts.get(host), "shm_free", None) if host in remote else shm_free()
+        if (line := shm_shortage(host, free, len(procs))) is not None:
+            short.append(line)
+    if short:
+        more = f" (and {len(short) - 1} more host(s): {'; '.join(short[1:])})" if len(short) > 1 else ""
+        raise TrainrunError(short[0] + more, exit_code=HostError.exit_code)
