@@ -99,6 +99,22 @@ def test_restarts_exhausted_exit_with_the_root_cause(tmp_path):
     assert wait_gone(token) == [] and leftover_segments(run.stderr) == []
 
 
+def test_the_backoff_stops_doubling_at_max_backoff(tmp_path):
+    """The wait before each restart is printed, and never passes --max-backoff (issue 38)."""
+    token = f"tok{uuid.uuid4().hex[:8]}"
+    prog = tmp_path / "flaky.py"
+    prog.write_text("import os, time\nimport trainrun.runtime as hvd\nimport numpy as np\nhvd.init()\n"
+                    "hvd.allreduce(np.ones(4), name='x')\ntime.sleep(0.1)\nif hvd.rank() == 1:\n    os._exit(9)\n")
+    run = LiveRun(["-np", "2", "--max-restarts", "3", "--max-backoff", "0.7", "--no-warm-ranks", str(prog), token],
+                  cwd=tmp_path)
+    assert run.finish() == 9, run.stderr
+    err = run.stderr
+    for n, wait in ((1, "0.5s"), (2, "0.7s (--max-backoff)"), (3, "0.7s (--max-backoff)")):
+        assert f"exited with code 9; restart {n} of 3 in {wait}" in err, err
+    assert "restarts exhausted after 3 restart(s)" in err
+    assert wait_gone(token) == []
+
+
 def test_tensorflow_keras_state_resumes_from_the_last_commit(tmp_path):
     """hvd.elastic.TensorFlowKerasState (trainrun.tensorflow): a rank fails at step 5 of the first attempt; the
     restart resumes from the commit at step 5 (weights and optimizer momentum from the agents, no disk) and both

@@ -48,6 +48,19 @@ def test_a_failing_discovery_script_is_a_usage_error(tmp_path):
         cfg(host_discovery_script=str(tmp_path / "missing.sh")).host_specs()
 
 
+def test_max_backoff_defaults_and_is_shown():
+    from trainrun.cli.config import LaunchConfig
+    from trainrun.supervisor.restart_policy import DEFAULT_MAX_BACKOFF
+
+    assert LaunchConfig(command=("x",)).max_backoff == DEFAULT_MAX_BACKOFF == 10.0  # the two copies agree
+    s = cfg(num_proc=2, max_restarts=3).elastic_settings()
+    assert s.max_backoff == 10.0 and "back-off 0.5 s doubling up to 10 s" in s.describe()
+    s = cfg(num_proc=2, max_restarts=3, max_backoff=4.0).elastic_settings()
+    assert s.max_backoff == 4.0 and s.to_json()["max_backoff"] == 4.0 and "up to 4 s" in s.describe()
+    assert ", back-off 0.2 s," in cfg(num_proc=2, max_restarts=1, max_backoff=0.2).elastic_settings().describe()
+    assert ", no back-off," in cfg(num_proc=2, max_restarts=1, max_backoff=0).elastic_settings().describe()
+
+
 def test_warm_ranks_are_on_by_default_and_shown():
     on = cfg(num_proc=2, max_restarts=1).elastic_settings()
     off = cfg(num_proc=2, max_restarts=1, warm_ranks=False).elastic_settings()

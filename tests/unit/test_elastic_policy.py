@@ -69,7 +69,15 @@ def test_failures_a_restart_may_cure_are_not_deterministic():
 
 
 def test_backoff_doubles_and_is_capped():
-    assert [backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0] and backoff(50) == 30.0
+    assert [backoff(n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0] and backoff(50) == 10.0  # DEFAULT_MAX_BACKOFF
+
+
+def test_backoff_never_passes_the_users_cap():
+    """--max-backoff (issue 38: it doubled 0.5, 1, 2, 4, 8, 16 s with no bound a user could set)."""
+    assert [backoff(n, cap=3.0) for n in range(1, 7)] == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0]
+    assert [backoff(n, cap=0.2) for n in (1, 2)] == [0.2, 0.2]
+    assert backoff(3, cap=0.0) == 0.0 and backoff(10_000, cap=60.0) == 60.0  # no overflow after many failures
+    assert backoff(4, host_sits_out=True, cap=3.0) == 0.0
 
 
 def test_no_backoff_when_the_failed_host_sits_out():

@@ -151,6 +151,9 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
                    "(default: never again).")
 @click.option("--elastic-timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="Elastic: seconds to wait for --min-np ranks' worth of hosts before giving up.")
+@click.option("--max-backoff", type=click.FloatRange(min=0), default=10.0, show_default=True, metavar="SECONDS",
+              help="Elastic: the most seconds to wait before a restart after a failure (the wait is 0.5 s, doubling "
+                   "per failure up to this; 0: restart at once).")
 @click.option("--warm-ranks/--no-warm-ranks", default=True, show_default=True,
               help="Elastic: keep one spare interpreter per rank with the framework imported, started once the ranks "
                    "train; a restart's ranks start as these (seconds faster; one idle process per rank).")

@@ -81,6 +81,7 @@ class LaunchConfig:
     blacklist_cooldown_range: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
     warm_ranks: bool = True  # elastic: spare interpreters per rank for restarts (supervisor/spares.py)
+    max_backoff: float = 10.0  # elastic: the back-off's cap (restart_policy.DEFAULT_MAX_BACKOFF says why)
     check: bool = False
     perf: bool = False
     perf_strict: bool = False
@@ -161,7 +162,7 @@ class LaunchConfig:
         min_np = self.min_np if self.min_np is not None else (1 if sizing else None)
         return ElasticSettings(restarts, min_np, self.max_np, self.host_discovery_script,
                                self.blacklist_cooldown_range,
-                               self.elastic_timeout, self.warm_ranks)
+                               self.elastic_timeout, self.warm_ranks, self.max_backoff)
 
     def host_specs(self) -> list[HostSpec]:
         """The hosts of -H or --hostfile, or those --host-discovery-script lists now (it runs once); without

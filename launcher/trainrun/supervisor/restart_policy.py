@@ -1,6 +1,7 @@
 """The elastic loop's decisions, pure (no processes, no clock of its own: `now` is passed in).
 
-    ElasticSettings    the elastic options of a launch (--max-restarts, --min-np, --max-np, discovery, cool-down)
+    ElasticSettings    the elastic options of a launch (--max-restarts, --min-np, --max-np, discovery, cool-down,
+                       --max-backoff)
     HostBook           which hosts failed and until when they sit out (growing cool-downs)
     pick_hosts         the hosts and rank count of the next attempt, or why there are not enough
     deterministic      did every rank fail the same way at start-up (then a restart cannot help)
@@ -15,7 +16,13 @@ from dataclasses import dataclass, field
 from trainrun.plan.hosts import HostSpec
 
 BACKOFF_FIRST = 0.5   # seconds before the first restart; doubles with each failure
-BACKOFF_MAX = 30.0
+DEFAULT_MAX_BACKOFF = 10.0
+"""--max-backoff's default: the most seconds the back-off grows to (0.5, 1, 2, 4, 8, then 10 s). The back-off
+keeps a failing job from restarting in a tight loop and lets a short fault (a port still in TIME_WAIT, a
+file system hiccup) pass; 10 s does both, while each further second is a second every rank of the job sits
+idle per failure. A fault that lasts longer is a host's, which the cool-down (--blacklist-cooldown-range)
+and --max-restarts deal with. cli/config.LaunchConfig.max_backoff repeats this value (the config layer does
+not import this module at start-up; tests/unit/test_elastic_policy.py checks that the two agree)."""
 STARTUP_WINDOW = 10.0  # seconds: failures this soon after the start (and before the MPI world formed) are start-up failures
 
 
@@ -32,6 +39,7 @@ class ElasticSettings:
     cooldown: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
     warm_ranks: bool = True  # a spare interpreter per rank for the next attempt (supervisor/spares.py)
+    max_backoff: float = DEFAULT_MAX_BACKOFF  # --max-backoff: the cap of the back-off before a restart (backoff())
 
     @property
     def sizing(self) -> bool:
@@ -56,14 +64,21 @@ class ElasticSettings:
             else:
                 parts.append("failed hosts are not used again")
             parts.append(f"gives up after {self.elastic_timeout:g} s below min-np")
+        parts.append(self._describe_backoff())
         parts.append("warm ranks (a spare per rank)" if self.warm_ranks else "no warm ranks")
         return "elastic: " + ", ".join(parts)
+
+    def _describe_backoff(self) -> str:
+        cap = self.max_backoff
+        if cap == 0:
+            return "no back-off"
+        return f"back-off {cap:g} s" if cap <= BACKOFF_FIRST else f"back-off {BACKOFF_FIRST:g} s doubling up to {cap:g} s"
 
     def to_json(self) -> dict:
         return {"max_restarts": self.max_restarts, "min_np": self.min_np, "max_np": self.max_np,
                 "host_discovery_script": self.discovery_script,
                 "blacklist_cooldown_range": list(self.cooldown) if self.cooldown else None,
-                "elastic_timeout": self.elastic_timeout, "warm_ranks": self.warm_ranks}
+                "elastic_timeout": self.elastic_timeout, "warm_ranks": self.warm_ranks, "max_backoff": self.max_backoff}
 
 
 def cooldown_for(failures: int, cooldown: tuple[float, float] | None) -> float:
@@ -124,13 +139,14 @@ def pick_hosts(candidates: list[HostSpec], book: HostBook, now: float, settings:
     return Pick(tuple(hosts), want)
 
 
-def backoff(failures: int, host_sits_out: bool = False) -> float:
-    """Seconds before the restart that follows the `failures`-th failure; none when the failure was a host's
+def backoff(failures: int, host_sits_out: bool = False, cap: float = DEFAULT_MAX_BACKOFF) -> float:
+    """Seconds before the restart that follows the `failures`-th failure: BACKOFF_FIRST, doubling with each
+    failure, never more than `cap` (--max-backoff; 0: restart at once). None when the failure was a host's
     and that host sits the next attempt out (`host_sits_out`, elastic sizing): the back-off keeps a failure
     from repeating at once on the same hosts, and the survivors, none of which failed, run without it."""
     if host_sits_out:
         return 0.0
-    return min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** max(0, failures - 1))
+    return min(cap, BACKOFF_FIRST * 2 ** min(max(0, failures - 1), 64))  # 2**64 half-seconds: beyond any cap
 
 
 @dataclass(frozen=True)

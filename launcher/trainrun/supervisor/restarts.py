@@ -202,8 +202,9 @@ class ElasticLoop:
         self.restarts += 1
         limit = "" if self.settings.max_restarts is None else f" of {self.settings.max_restarts}"
         sits_out = self.book.fail(host, time.monotonic()) if self.settings.sizing and host is not None else 0.0
-        wait = backoff(self.restarts, host_sits_out=sits_out > 0)
-        action = f"restart {self.restarts}{limit} in {wait:g}s"
+        wait = backoff(self.restarts, host_sits_out=sits_out > 0, cap=self.settings.max_backoff)
+        capped = 0 < wait < backoff(self.restarts, cap=float("inf"))  # say so: the doubling stopped at the cap
+        action = f"restart {self.restarts}{limit} in {wait:g}s" + (" (--max-backoff)" if capped else "")
         if sits_out > 0:
             action += f"; {host} sits out " + _for(sits_out)
             if self.pool is not None and host in self.pool.agents and self.pool.agents[host].lost:
