@@ -292,3 +292,53 @@ def test_no_rank_outlives_an_interrupted_or_killed_caller(tmp_path, how):
         if proc.poll() is None:
             os.killpg(proc.pid, sig.SIGKILL)
             proc.communicate()
+
+
+def seeded_bytes(n):
+    import random
+
+    return random.Random(int(os.environ["RANK"])).randbytes(n)
+
+
+# the peak from VmHWM: ru_maxrss would carry over the forking pytest's own RSS (Linux keeps it across exec)
+BIG_CALLER = '''
+import re, sys, trainrun
+sys.path.insert(0, sys.argv[1])
+from test_run_api import seeded_bytes
+values = trainrun.run(seeded_bytes, (50 << 20,), np=2)
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) >> 10
+print("PEAK_MB", peak, "LENS", *map(len, values))
+'''
+
+
+def test_a_50_mb_value_per_rank_round_trips_exactly_in_about_one_copy(tmp_path):
+    """Ranks on this machine stream their values through the call's socket: the caller holds the values
+    (2 x 50 MB) and little more; as base64 output lines (before) it peaked at ~270 MB."""
+    import random
+
+    values = trainrun.run(seeded_bytes, (50 << 20,), np=2)
+    assert values == [random.Random(r).randbytes(50 << 20) for r in (0, 1)]
+    del values
+    r = subprocess.run([sys.executable, "-c", BIG_CALLER, os.path.dirname(__file__)], capture_output=True, text=True,
+                       timeout=150, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    words = r.stdout.split()
+    peak = int(words[words.index("PEAK_MB") + 1])
+    assert words[-2:] == [str(50 << 20)] * 2 and peak < 100 + 70, r.stdout
+
+
+def test_a_value_over_the_lines_limit_from_another_host_is_one_clear_error(monkeypatch):
+    """A rank that cannot reach the caller's socket (as on another host: -x TRAINRUN_RUN_SOCKET= stands for a
+    path not there) sends its value as lines, up to TRAINRUN_RUN_REMOTE_RESULT_MB; above it the caller
+    gets ResultTooLarge naming the rank, the size, the limit and what to do."""
+    monkeypatch.setenv("TRAINRUN_RUN_REMOTE_RESULT_MB", "0.5")
+    elsewhere = {"TRAINRUN_RUN_SOCKET": ""}
+    import random
+
+    assert trainrun.run(seeded_bytes, (200_000,), np=2, env=elsewhere) == [random.Random(r).randbytes(200_000) for r in (0, 1)]
+    with pytest.raises(trainrun.RunError) as info:
+        trainrun.run(seeded_bytes, (1 << 20,), np=2, env=elsewhere)
+    text = str(info.value)
+    assert type(info.value).__name__ == "ResultTooLarge" and "\n" not in text
+    assert text.startswith("rank 0 on localhost returned 1.0 MiB (pickled), more than the 0.5 MiB"), text
+    assert "TRAINRUN_RUN_REMOTE_RESULT_MB" in text and "write big results to a file" in text

@@ -4,7 +4,8 @@ The job is an ordinary trainrun launch, run as a child process (`python -m train
 trainrun.runfunc.task`): the same checks, environment contract, MPI world, fail-fast and teardown as
 `trainrun ... train.py`, and the caller's process (a script, a Jupyter kernel) keeps its own signal
 handlers. The call and the outcomes travel as wire.py says. The launcher's output is passed on to the
-caller's sys.stdout/sys.stderr (so a notebook shows it), less the outcome lines.
+caller's sys.stdout/sys.stderr (so a notebook shows it), less the outcome lines; where those are a
+terminal, with the ranks' terminal controls shown as text (as the launcher does on one).
 
 If the caller dies, the launcher gets SIGTERM (PR_SET_PDEATHSIG) and tears the job down; Ctrl-C (or a
 notebook's interrupt) in the caller is passed to the launcher, which ends the ranks, and then raised.
@@ -21,8 +22,9 @@ import threading
 from dataclasses import replace
 
 from trainrun.errors import UsageError
-from trainrun.runfunc.errors import RankError, RunError
-from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, Collector, call_env, private_file
+from trainrun.runfunc.channel import ResultServer
+from trainrun.runfunc.errors import RankError, ResultTooLarge, RunError
+from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, ENV_REMOTE_MB, ENV_SOCKET, Collector, call_env, private_file
 
 # trainrun options run() decides itself or that make no sense for a function call
 NOT_FOR_RUN = {"prefix": "the outcome lines need the rank prefix", "fold": "the outcome lines need every rank's output",
@@ -92,7 +94,9 @@ def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None 
     value); results must pickle too.
 
     Raises RankError when a rank's function raised (rank, host, its traceback), RunError when the job
-    ended otherwise without every result, UsageError for a bad option (before anything starts).
+    ended otherwise without every result, ResultTooLarge (a RunError) when a rank on another host returned
+    more than wire.max_lines_bytes() pickled (64 MiB; ranks on this machine have no limit), UsageError for
+    a bad option (before anything starts).
     With elastic options the values are those of the last attempt's ranks."""
     opts = dict(options)
     if np is not None:
@@ -142,8 +146,10 @@ def launch_call(func, args, kwargs, option_argv: list[str], *, local: bool, exec
                 executable or sys.executable, "-m", "trainrun.runfunc.task"]
         collector = Collector(nonce)
         tail: list[str] = []
-        code = _supervise(argv, child_env, collector, out, err, tail)
-    return _values(collector, code, tail, func)
+        with ResultServer(folder, nonce) as server:  # the values of ranks on this machine (channel.py)
+            child_env[ENV_SOCKET] = server.path
+            code = _supervise(argv, child_env, collector, out, err, tail)
+    return _values(collector, code, tail, func, server.results)
 
 
 def _die_with_parent():
@@ -155,19 +161,23 @@ def _die_with_parent():
 def _supervise(argv, env, collector: Collector, out, err, tail: list[str]) -> int:
     """Run the launcher to its end; its stdout through `collector` to `out`, its stderr to `err` (the
     last lines kept in `tail`). Ctrl-C: passed on to the launcher, waited for, raised."""
+    from trainrun.supervisor.output import terminal_safe
+
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_die_with_parent)
+    # the launcher writes to pipes (so it passes the bytes as they are): the terminal check is ours to make
+    shown_out, shown_err = ((terminal_safe if _is_terminal(f) else bytes) for f in (out, err))
 
     def pump_out():
         for line in proc.stdout:
             shown = collector.feed(line)
             if shown is not None:
-                out.write(shown.decode(errors="replace"))
+                out.write(shown_out(shown).decode(errors="replace"))
                 out.flush()
 
     def pump_err():
         for line in proc.stderr:
-            text = line.decode(errors="replace")
+            text = shown_err(line).decode(errors="replace")
             tail.append(text.rstrip("\n"))
             del tail[:-20]
             err.write(text)
@@ -190,6 +200,13 @@ def _supervise(argv, env, collector: Collector, out, err, tail: list[str]) -> in
         for t in threads:
             t.join(timeout=10)
     return code
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # a notebook's stream may lack it, or be closed
+        return False
 
 
 def _named_sources(func, text: str) -> str:
@@ -218,16 +235,25 @@ def _named_sources(func, text: str) -> str:
     return "".join(out)
 
 
-def _values(collector: Collector, code: int, tail: list[str], func=None) -> list:
-    """The values of the last attempt's ranks in rank order, or the error that says why there are none."""
+def _values(collector: Collector, code: int, tail: list[str], func=None, streamed: dict | None = None) -> list:
+    """The values of the last attempt's ranks in rank order, or the error that says why there are none.
+    `streamed`: the outcomes that came through the socket (ResultServer.results); lines win over them."""
     import cloudpickle
 
-    records = {k: cloudpickle.loads(v) for k, v in collector.outcomes().items()}
+    records = dict(streamed or {})
+    records.update((k, cloudpickle.loads(v)) for k, v in collector.outcomes().items())
     last = max((a for a, _ in records), default=0)
     failures = [records[k][1] for k in collector.order if k[0] == last and records[k][0] == "error"]
     if failures:
         failures = [replace(f, traceback=_named_sources(func, f.traceback)) for f in failures]
         raise RankError(failures[0], failures)
+    for (attempt, rank), record in sorted(records.items()):
+        if attempt != last:
+            continue
+        if isinstance(record, BaseException):  # a streamed value this process could not unpickle
+            raise record
+        if record[0] == "too big":
+            raise ResultTooLarge(rank, record[3], record[1], record[2], ENV_REMOTE_MB)
     said = next((line for line in reversed(tail) if line.startswith("trainrun: error: ")), None)
     if code == UsageError.exit_code and said:
         raise UsageError(said.removeprefix("trainrun: error: "))

@@ -1,7 +1,8 @@
 """`python -m trainrun.runfunc.task`: what each rank of trainrun.run / horovod.run runs. Loads the call
-(wire.py), runs it, prints its outcome lines and exits 0; on an exception prints the traceback on stderr
-(as a script would, so the launcher's summary shows it), sends it as the outcome and exits 1 at once --
-trainrun then ends the other ranks (fail fast)."""
+(wire.py), runs it, sends its value back (streamed through the caller's socket where it can reach it,
+channel.py; else as outcome lines, up to wire.max_lines_bytes()) and exits 0; on an exception prints the
+traceback on stderr (as a script would, so the launcher's summary shows it), sends it as the outcome and
+exits 1 at once -- trainrun then ends the other ranks (fail fast)."""
 from __future__ import annotations
 
 import os
@@ -36,6 +37,25 @@ def _failure(exc: BaseException, rank: int, host: str):
         return plain
 
 
+def _send_value(env, attempt: int, rank: int, host: str, record) -> bytes | None:
+    """Send an ("ok", ...) outcome: through the caller's socket if this rank reaches it (None: sent), else
+    the pickled outcome for the lines, or a ("too big", ...) one in its place above the lines' limit.
+    TypeError if the value does not pickle."""
+    from trainrun.runfunc.channel import send_outcome
+    from trainrun.runfunc.wire import ENV_NONCE, ENV_SOCKET, max_lines_bytes
+
+    try:
+        if env.get(ENV_SOCKET) and send_outcome(env[ENV_SOCKET], env[ENV_NONCE], attempt, rank, record):
+            return None
+        blob = _outcome(record)
+    except Exception as err:
+        raise TypeError(f"the return value of rank {rank} cannot be pickled: {err}") from err
+    limit = max_lines_bytes(env)
+    if len(blob) > limit:
+        return _outcome(("too big", len(blob), limit, host))
+    return blob
+
+
 def main() -> int:
     from trainrun.runfunc.wire import ENV_NONCE, outcome_lines, read_call
 
@@ -53,15 +73,14 @@ def main() -> int:
         sys.path += [p for p in paths if p not in sys.path]  # the caller's import path, after the rank's own
         func, args, kwargs = cloudpickle.loads(call)
         value = func(*args, **kwargs)
-        try:
-            blob = _outcome(("ok", value, int(env.get("WORLD_SIZE", "1"))))
-        except Exception as err:
-            raise TypeError(f"the return value of rank {rank} cannot be pickled: {err}") from err
+        blob = _send_value(env, attempt, rank, host, ("ok", value, int(env.get("WORLD_SIZE", "1"))))
     except Exception as exc:
         sys.stderr.write(_traceback(exc))
         blob, code = _outcome(("error", _failure(exc, rank, host))), 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if blob is None:  # the value went through the socket
+        return code
     data = outcome_lines(env[ENV_NONCE], attempt, rank, blob)
     while data:
         data = data[os.write(1, data):]

@@ -7,11 +7,16 @@ ENV_PIECE characters (under Linux's 128 KiB limit per variable), at most MAX_ENV
 environment and argv of one process share ~2 MiB). A bigger call of a job on this machine only goes
 through a file in a private temporary folder instead (TRAINRUN_RUN_FILE).
 
-Back from the ranks: each rank prints its outcome on its stdout as lines
+Back from the ranks: a rank on the caller's machine streams its return value through a Unix socket in the
+call's private folder (channel.py, TRAINRUN_RUN_SOCKET): one copy, any size. Everything else -- errors,
+and values of ranks on other hosts -- is printed on the rank's stdout as lines
     <MARK> <nonce> <attempt> <rank> <piece> <pieces> <base64>
-which the launcher prefixes (`[rank]<stdout>:`) and passes on like any output; the caller takes them out
-of the stream (the nonce is per call, so a program's own output never matches). An outcome is
-("ok", value, world size) or ("error", RankFailure).
+which the launcher prefixes (`[rank]<stdout>:`) and passes on like any output (from another host: through
+its agent's channel); the caller takes them out of the stream (the nonce is per call, so a program's own
+output never matches). That way holds a few copies of the value in the rank and the caller and base64 is
+4/3 of it, so it takes at most `max_lines_bytes()` (REMOTE_RESULT_MB, 64 MiB by default; TRAINRUN_RUN_REMOTE_RESULT_MB
+in the caller's environment changes it): above it the rank sends ("too big", size, limit, host) instead.
+An outcome is ("ok", value, world size), ("error", RankFailure) or ("too big", bytes, limit bytes, host).
 """
 from __future__ import annotations
 
@@ -25,9 +30,13 @@ ENV_NONCE = "TRAINRUN_RUN_NONCE"
 ENV_PIECES = "TRAINRUN_RUN_PIECES"      # how many TRAINRUN_RUN_PIECE_<i> variables hold the call
 ENV_PIECE = "TRAINRUN_RUN_PIECE_"
 ENV_FILE = "TRAINRUN_RUN_FILE"
+ENV_SOCKET = "TRAINRUN_RUN_SOCKET"      # the caller's ResultServer (channel.py), for ranks on its machine
+ENV_REMOTE_MB = "TRAINRUN_RUN_REMOTE_RESULT_MB"
+REMOTE_RESULT_MB = 64                   # the largest pickled outcome sent as lines (from other hosts), MiB
 PIECE_CHARS = 100_000
 MAX_ENV_BYTES = 1 << 20                 # base64 characters of the call in the environment
-LINE_CHARS = 32_000                     # base64 characters per result line (trainrun cuts lines at 64 KiB)
+LINE_CHARS = 32_000                     # base64 characters per result line (trainrun cuts lines at 64 KiB;
+                                        # a multiple of 4, so each piece decodes alone)
 _PREFIX = re.compile(rb"^\[(\d+)\]<stdout>:")
 
 
@@ -62,6 +71,16 @@ def read_call(environ) -> bytes:
     return base64.b64decode("".join(environ[f"{ENV_PIECE}{i}"] for i in range(n)))
 
 
+def max_lines_bytes(environ) -> int:
+    """The largest pickled outcome a rank sends as lines: TRAINRUN_RUN_REMOTE_RESULT_MB (MiB, may be a
+    fraction) if set and valid, else REMOTE_RESULT_MB."""
+    try:
+        mb = float(environ.get(ENV_REMOTE_MB, REMOTE_RESULT_MB))
+    except ValueError:
+        mb = REMOTE_RESULT_MB
+    return int(max(mb, 0) * (1 << 20))
+
+
 def outcome_lines(nonce: str, attempt: int, rank: int, blob: bytes) -> bytes:
     """A rank's pickled outcome as the lines it prints."""
     text = base64.b64encode(blob).decode()
@@ -76,7 +95,7 @@ class Collector:
 
     def __init__(self, nonce: str):
         self.mark = f"{MARK} {nonce} ".encode()
-        self._pieces: dict[tuple[int, int], dict[int, str]] = {}
+        self._pieces: dict[tuple[int, int], dict[int, bytes]] = {}
         self._whole: dict[tuple[int, int], bytes] = {}
         self.order: list[tuple[int, int]] = []
 
@@ -91,9 +110,9 @@ class Collector:
         except ValueError:
             return line
         got = self._pieces.setdefault(key, {})
-        got[i] = text.decode()
+        got[i] = base64.b64decode(text)  # decoded as it comes (pieces are whole base64 quanta): 3/4 of the text kept
         if len(got) == n:
-            self._whole[key] = base64.b64decode("".join(got[j] for j in range(n)))
+            self._whole[key] = b"".join(got[j] for j in range(n))
             del self._pieces[key]
             self.order.append(key)
         before = line[m.end() if m else 0:at]
