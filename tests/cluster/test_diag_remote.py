@@ -159,3 +159,39 @@ def test_a_stopped_rank_on_a_remote_host_ends_the_job_named(cluster, tmp_path):
     assert re.search(r"^trainrun: rank 3 on h2 \(local rank 1\) is stopped \(state T\) while ranks 0-2 waited in "
                      r"allreduce 'step' \(no collective round completed for \d+ s\)", text, re.M), text
     assert left_alive([r["pid"] for r in recs.values()]) == []
+
+
+def test_a_deadlocked_dataloader_on_one_host_of_four_ends_the_job_named(cluster4, tmp_path):
+    """Issue 38 item 1 across hosts: rank 2 (on h3) blocks in a DataLoader whose worker is deadlocked in
+    Queue.get; the others raise StallError (h2's and h4's through their agents), then hang in their own
+    shutdown; the launcher takes the stacks (rank 2's through h3's agent) and ends the job, exit 1, naming
+    rank 2, within the stall timeout plus the grace period plus 5 s, and nothing is left on any host."""
+    p = subprocess.Popen(argv(cluster4, tmp_path, "-H", "h1:1,h2:1,h3:1,h4:1", sys.executable, STALL_JOB, tmp_path,
+                              "absent", "loader", 2),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tmp_path,
+                         env=env(TRAINRUN_STALL_TIMEOUT="3"))
+    try:
+        recs = pidfiles(tmp_path, 4)
+        absent = json.loads(pidfiles_named(tmp_path, "absent.2").read_text())
+        since = time.monotonic()
+        text = p.communicate(timeout=120)[1].decode(errors="replace")
+        took = time.monotonic() - since
+        rc = p.returncode
+    finally:
+        p.kill()
+        p.wait()
+    assert rc == 1, text
+    assert re.search(r"^rank 2: .*\n(    .*\n)*    stay_absent", text, re.M), text  # its stack, from h3
+    assert re.search(r"^trainrun: rank 2 on h3 \(local rank 0\) took no part in it \(it runs: its stack is above\) "
+                     r"while ranks 0,1,3 waited in 'x' \(not submitted by rank 2 within the 3 s stall timeout\)",
+                     text, re.M), text
+    assert took < 3 + 3 + 5, (took, text)
+    assert left_alive([r["pid"] for r in recs.values()] + [absent["grandchild"]]) == []
+
+
+def pidfiles_named(directory: Path, name: str, timeout: float = 60.0) -> Path:
+    deadline = time.monotonic() + timeout
+    while not (directory / name).exists():
+        assert time.monotonic() < deadline, f"no {name} in {timeout}s"
+        time.sleep(0.1)
+    return directory / name

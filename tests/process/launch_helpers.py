@@ -62,11 +62,11 @@ def assert_all_gone(pids, timeout: float = 5.0, what: str = "processes of the jo
     assert not left, f"{what} still running {timeout}s after the launcher ended: {left}"
 
 
-def wait_for_pidfiles(directory: Path, count: int, timeout: float = 15.0, proc=None) -> dict[int, dict]:
-    """Wait until `count` workers wrote DIR/pid.RANK (see workers/job.py); return {rank: record}."""
+def wait_for_pidfiles(directory: Path, count: int, timeout: float = 15.0, proc=None, name: str = "pid") -> dict[int, dict]:
+    """Wait until `count` workers wrote DIR/NAME.RANK (see workers/job.py); return {rank: record}."""
     deadline = time.monotonic() + timeout
     while True:
-        files = sorted(Path(directory).glob("pid.*"))
+        files = sorted(Path(directory).glob(f"{name}.*"))
         if len(files) >= count:
             return {int(f.suffix[1:]): json.loads(f.read_text()) for f in files}
         if proc is not None and proc.poll() is not None:

@@ -3,7 +3,12 @@ rank that leaves (returns, sys.exit(0|1), catches an exception and ends, os._exi
 wait in allreduce 'x'; a rank stopped with SIGSTOP (the coordinator, rank 0, or another) in an allreduce
 loop. Each job ends by itself within the stall timeout plus teardown (the fixture's timeout, far
 beyond, is what a hang would hit), with its first failure's exit code, and nothing is left running.
-The stack report names a stopped rank by its /proc state."""
+The stack report names a stopped rank by its /proc state.
+
+Issue 38 item 1: a rank that is alive but never joins (it spins, sleeps, waits on a pipe, or its
+DataLoader worker is deadlocked) makes the others raise StallError; the raising ranks then hang in their
+own shutdown (MPI_Finalize waits for the absent rank), so the launcher ends the job: stacks, then exit 1
+naming the absent rank, within the stall timeout plus the grace period plus 5 s."""
 import os
 import re
 import signal
@@ -102,3 +107,30 @@ def test_the_stack_report_names_a_stopped_rank_by_its_state(start_trainrun, tmp_
     proc.send_signal(signal.SIGINT)
     assert proc.wait(15) == 130
     assert_all_gone(all_pids(recs))
+
+
+GRACE_S = 3.0  # the launcher's default --grace
+
+
+@pytest.mark.parametrize("how", ["spin", "sleep", "io", "loader"])
+def test_an_alive_rank_that_never_joins_ends_the_job_named_with_its_stack(start_trainrun, tmp_path, how):
+    proc = start_trainrun("-np", 3, sys.executable, JOB, tmp_path, "absent", how, 1, env=base_env(**STALL))
+    err = Reader(proc.stderr)
+    recs = wait_for_pidfiles(tmp_path, 3, proc=proc, timeout=60)
+    absent = wait_for_pidfiles(tmp_path, 1, proc=proc, timeout=60, name="absent")[1]
+    since = time.monotonic()
+    try:
+        rc = proc.wait(120)  # the bound a hang would hit
+    finally:
+        proc.kill()
+    took = time.monotonic() - since
+    text = err.text()
+    assert rc == 1, text
+    assert "x completed" not in text
+    stack_of_1 = re.search(r"^rank(s [\d,-]*\b1\b[\d,-]*| 1): (\S+)", text, re.M)
+    assert stack_of_1 and "stay_absent" in text[stack_of_1.start():], text  # its stack is printed, in stay_absent
+    assert re.search(r"^trainrun: rank 1 on \S+ \(local rank 1\) took no part in it \(it runs: its stack is above\) "
+                     rf"while ranks 0,2 waited in 'x' \(not submitted by rank 1 within the {STALL_S} s stall "
+                     r"timeout\)", text, re.M), text
+    assert took < STALL_S + GRACE_S + 5, (took, text)
+    assert_all_gone(all_pids(recs) + all_pids({1: absent}))

@@ -43,7 +43,7 @@ def test_mismatch_names_tensor_field_and_ranks():
     c.submit(0, [meta("w", shape=(4,))])
     c.submit(1, [meta("w", shape=(5,))])
     c.submit(2, [meta("w", shape=(4,))])
-    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    ((kind, names, submitters, (cls, msg, *_)),) = c.responses()
     assert (kind, names, submitters, cls) == ("error", ["w"], [{0, 1, 2}], "mismatch")
     assert msg == "Mismatched shape for tensor 'w': ranks [0, 2]: (4,); rank 1: (5,)"
 
@@ -63,9 +63,21 @@ def test_stall_names_missing_ranks_after_timeout():
     clock.t = 5
     assert c.responses() == []
     clock.t = 11
-    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    ((kind, names, submitters, (cls, msg, *_)),) = c.responses()
     assert (kind, names, submitters, cls) == ("error", ["x"], [{0, 2}], "stall")
     assert "rank 1 did not submit 'x'" in msg and not c.pending()
+
+
+def test_a_stall_in_a_process_set_names_global_ranks_for_the_launcher():
+    """The failure carries who did not submit (global ranks) and the timeout: the launcher names them."""
+    clock = Clock()
+    c = Coordinator(3, fusion_threshold=0, stall_timeout=10, clock=clock, ranks=[2, 5, 7])
+    c.submit(0, [meta("x")])
+    c.submit(2, [meta("x")])
+    clock.t = 11
+    ((_, _, _, failure),) = c.responses()
+    assert (failure.kind, failure.absent, failure.seconds) == ("stall", (5,), 10)
+    assert "rank 5 did not submit 'x'" in failure.message
 
 
 def test_join_counts_as_present_for_allreduce_and_reports_last():
@@ -84,12 +96,12 @@ def test_a_rank_that_shut_down_fails_what_the_others_wait_for_at_once():
     c.submit(0, [meta("x")])
     c.submit(2, [meta("x")])
     c.submit(1, [meta("__shutdown__", kind="shutdown")])
-    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    ((kind, names, submitters, (cls, msg, *_)),) = c.responses()
     assert (kind, names, submitters, cls) == ("error", ["x"], [{0, 2}], "left")
     assert msg.startswith("trainrun: rank 1 stopped: it left (its program ended or called hvd.shutdown) "
                           "while ranks 0,2 waited in allreduce 'x'; collectives cannot complete"), msg
     c.submit(0, [meta("later", kind="broadcast", root=0)])  # a later op it lacks fails as soon as it is seen
-    ((kind, names, submitters, (cls, msg)),) = c.responses()
+    ((kind, names, submitters, (cls, msg, *_)),) = c.responses()
     assert (names, submitters, cls) == (["later"], [{0}], "left") and "rank 0 waited in broadcast 'later'" in msg
 
 

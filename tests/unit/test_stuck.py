@@ -82,9 +82,38 @@ def test_describe_names_the_absent_ranks(ranks, stuck, returncodes, states, mess
     assert describe(stuck, list(range(ranks)), returncodes, states, where) == (message, about)
 
 
-def test_stuck_notice_parses():
-    assert Stuck.parse(3, "60 allreduce 'x', broadcast 'y'") == Stuck(3, 60.0, "allreduce 'x', broadcast 'y'")
-    assert Stuck.parse(3, "garbage") is None
+def test_stuck_and_stall_notices_parse():
+    assert Stuck.parse(3, "stuck 60 allreduce 'x', broadcast 'y'") == Stuck(3, 60.0, "allreduce 'x', broadcast 'y'")
+    assert Stuck.parse(0, "stall 1,4-6 10 'x', 'y' and 2 more") == Stuck(0, 10.0, "'x', 'y' and 2 more",
+                                                                         frozenset({1, 4, 5, 6}))
+    for bad in ("garbage", "stuck", "stuck x y", "stall", "stall 1", "stall a 10 'x'", "stall 1 ten 'x'"):
+        assert Stuck.parse(3, bad) is None, bad
+
+
+def test_a_stall_names_the_ranks_that_did_not_submit_whatever_they_do():
+    """A StallError says who did not submit: those are named (even a rank in another collective),
+    not inferred from the stacks; a rank waiting by its stack joins the waiting ones."""
+    stall = Stuck(0, 10, "'x'", frozenset({1}))
+    assert describe([stall], [0, 1, 2], {}, {}, where, in_call={2}) == (
+        "rank 1 on h1 (local rank 0) took no part in it (it runs: its stack is above) while ranks 0,2 waited in "
+        "'x' (not submitted by rank 1 within the 10 s stall timeout)", 1)
+    assert describe([stall], [0, 1, 2], {}, {}, where, in_call={1, 2}) == (
+        "rank 1 on h1 (local rank 0) waits in another collective (its stack is above) while ranks 0,2 waited in "
+        "'x' (not submitted by rank 1 within the 10 s stall timeout)", 1)
+    two = [Stuck(0, 10, "'x'", frozenset({1, 3})), Stuck(2, 10, "'x'", frozenset({1, 3}))]
+    assert describe(two, [0, 1, 2, 3], {3: -9}, {1: "T"}, where) == (
+        "rank 1 on h1 (local rank 0) is stopped (state T) while ranks 0,2 waited in 'x' (not submitted by ranks "
+        "1,3 within the 10 s stall timeout); rank 3 was killed by SIGKILL", 1)
+
+
+def test_stall_notice_from_a_stall_error():
+    from trainrun.diag.rankhook import stall_line
+    from trainrun.runtime.exceptions import StallError
+
+    assert stall_line(StallError("m", absent=(1, 2, 3, 7), names=("a", "b", "c", "d"), seconds=2.5)) == \
+        "stall 1-3,7 2.5 'a', 'b', 'c' and 1 more"
+    assert Stuck.parse(0, stall_line(StallError("m", absent=(5,), names=("x",), seconds=60))) == \
+        Stuck(0, 60.0, "'x'", frozenset({5}))
 
 
 def test_report_names_silent_states():

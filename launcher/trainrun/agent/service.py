@@ -100,8 +100,8 @@ class Agent:
     def on_progress(self, rank: int, perf: str = "") -> None:
         self.send(wire.frame(wire.PROGRESS, rank, perf.encode()))
 
-    def on_stall(self, rank: int, stuck: str = "") -> None:
-        self.send(wire.frame(wire.STALL, rank, stuck.encode()))
+    def on_stall(self, rank: int, notice: str) -> None:
+        self.send(wire.frame(wire.STALL, rank, notice.encode()))
 
     def on_stacks(self, request: int, stacks: list) -> None:
         self.send(wire.frame(wire.STACKS, -1, DumpReply(request, tuple(stacks)).to_bytes()))

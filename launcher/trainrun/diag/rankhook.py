@@ -11,7 +11,11 @@ is dropped (diagnosis must never block training):
                                PATH: the fallback for hosts where py-spy cannot attach (no ptrace)
     progress N                 the runtime has made N collective calls (sent when N changed, at most
                                every PROGRESS_EVERY_S): what --hang-timeout counts besides output
-    stall                      the runtime raised a StallError here: the launcher takes every rank's stack
+    stall RANKS S NAMES        the runtime raised a StallError here: RANKS ("1", "0-3,5") did not submit
+                               NAMES ("'x'", "'a', 'b' and 3 more") within the stall timeout S; the
+                               launcher takes every rank's stack and ends the job naming them,
+                               unless a raising rank makes progress again soon after (it caught
+                               the error and the absent rank came back: supervisor/job.py)
     perf WALL WAIT COLL LAST STEPS   every diag/perf.WINDOW_S: the window's collectives, for straggler
                                detection (supervisor/straggler.py); diag/perf.py says what each field is
     stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
@@ -44,14 +48,12 @@ import time
 ENV = "TRAINRUN_DIAG_FD"
 STACKS_DIR_ENV = "TRAINRUN_STACKS_DIR"  # diag/stacks.STACKS_DIR_ENV (not imported: a rank need not load that module)
 PROGRESS_EVERY_S = 1.0
-STALL_EVERY_S = 10.0
 SLOWEST_TRANSFER_BPS = 10e6  # bytes/s: a transfer slower than this counts as stuck (1 GbE moves ~100e6)
 STUCK_OTHER_FACTOR = 4
 
 _fd: int | None = None
 _installed = False
 _engine = None  # the engine whose progress is reported (the latest init's)
-_last_stall = 0.0
 
 
 def diag_fd(value: str | None) -> int | None:
@@ -118,14 +120,24 @@ def _watch_stalls() -> None:
     original = exceptions.StallError.__init__
 
     def __init__(self, *args, **kwargs):
-        global _last_stall
         original(self, *args, **kwargs)
-        now = time.monotonic()
-        if now - _last_stall >= STALL_EVERY_S:
-            _last_stall = now
-            send("stall")
+        line = stall_line(self)
+        if line:  # (one the runtime raised: a program's own StallError says nothing; the launcher
+            send(line)  # de-duplicates, and a program that recovered may stall again: every one is sent)
 
     exceptions.StallError.__init__ = __init__
+
+
+def stall_line(error) -> str | None:
+    """The `stall` notice for a StallError (the module docstring's grammar); None if it names no rank."""
+    from trainrun.rankset import format_ranks
+
+    if not error.absent:
+        return None
+    names = ", ".join(f"'{n}'" for n in error.names[:3]) or "a collective"
+    if len(error.names) > 3:
+        names += f" and {len(error.names) - 3} more"
+    return f"stall {format_ranks(error.absent)} {error.seconds:g} {names}"
 
 
 def _report_progress() -> None:

@@ -220,6 +220,12 @@ class Driver:
         if responses:
             self._execute(responses)
 
+    def _error(self, error, names: list) -> HorovodInternalError:
+        """The exception a failed response raises on this rank."""
+        if error.kind == "stall":
+            return StallError(error.message, absent=error.absent, names=tuple(names), seconds=error.seconds)
+        return _ERRORS[error.kind](error.message)
+
     def _execute(self, responses: list[Response]) -> None:
         """Run a phase's responses (negotiation.py), in order."""
         announced, dispatch, completion = self._announced, self._dispatch, self._completion
@@ -231,7 +237,8 @@ class Driver:
                 return
             if error is not None:  # info: the ranks that submitted each name
                 failed = [announced.pop(n) for n, ranks in zip(names, info) if self.rank in ranks]
-                completion.finish(failed, [None] * len(failed), _ERRORS[error.kind](error.message))
+                if failed:  # (made only where raised: making a StallError tells the launcher, rankhook.py)
+                    completion.finish(failed, [None] * len(failed), self._error(error, names))
                 continue
             reqs = [announced.pop(n, None) for n in names]
             self._negotiated(reqs)

@@ -110,7 +110,7 @@ class Engine:
         self._completion = completion = Completion(queue)
         self._driver = driver = Driver(
             self._ctrl, rank, queue=queue, cache=self.cache, dispatch=dispatch, completion=completion,
-            meter=self.meter, coordinator=Coordinator(size, threshold, stall_timeout) if rank == 0 else None,
+            meter=self.meter, coordinator=Coordinator(size, threshold, stall_timeout, ranks=self.ranks) if rank == 0 else None,
             threshold=threshold, tick=min(1.0, stall_timeout / 4), timeline=self._timeline)
         self._waiter = Waiter(queue=queue, driver=driver, completion=completion, meter=self.meter, policy=policy)
         self.wait_all = self._waiter.wait_all

@@ -10,7 +10,8 @@ as plain tuples, so they cost what tuples cost on the wire and as dict keys).
   rank without the tensors can contribute zeros of the right size.
 - `Absent`: an allgather's or broadcast's shape and dtype, sent while some rank that has joined did
   not submit it, so that rank can take part (contributing no rows, or receiving into scratch).
-- `OpFailure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort").
+- `OpFailure`: why a response failed its ops (`kind`: "mismatch", "stall" or "abort"; a stall also
+  carries the global ranks that did not submit).
 """
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ class Absent(NamedTuple):
 class OpFailure(NamedTuple):
     kind: str          # "mismatch", "stall" or "abort"
     message: str
+    absent: tuple = ()  # "stall": the global ranks that did not submit (the launcher names them)
+    seconds: float = 0.0  # "stall": the stall timeout that ran out
 
 
 class Response(NamedTuple):

@@ -88,8 +88,11 @@ def check(name: str, entry: dict[int, Meta]) -> str | None:
 class Coordinator:
     """Matches submissions from `size` ranks. Not thread-safe: only the engine's driver calls it."""
 
-    def __init__(self, size: int, fusion_threshold: int, stall_timeout: float, clock=time.monotonic):
+    def __init__(self, size: int, fusion_threshold: int, stall_timeout: float, clock=time.monotonic,
+                 ranks: list[int] | None = None):
+        """`ranks`: the global ranks of the set's members (a stall names them; default: 0..size-1)."""
         self.size, self.fusion_threshold, self.stall_timeout, self._clock = size, fusion_threshold, stall_timeout, clock
+        self._global = list(range(size)) if ranks is None else list(ranks)
         self._table: dict[str, dict[int, Meta]] = {}  # name -> its metas by the ranks that submitted it
         self._first: dict[str, float] = {}
         self._ready: list[str] = []
@@ -249,8 +252,9 @@ class Coordinator:
             shown = ", ".join(f"'{n}'" for n in names[:10])
             if len(names) > 10:
                 shown += f" and {len(names) - 10} more"
+            absent = tuple(self._global[r] for r in missing)
             out.append(Response("error", names, submitters, OpFailure("stall", (
-                f"Stalled for more than {self.stall_timeout:g} s: {_ranks(missing)} did not submit {shown}, "
+                f"Stalled for more than {self.stall_timeout:g} s: {_ranks(absent)} did not submit {shown}, "
                 f"which the other ranks are waiting on (a rank stopped participating, or ranks issue "
-                f"different collectives; TRAINRUN_STALL_TIMEOUT sets the limit)"))))
+                f"different collectives; TRAINRUN_STALL_TIMEOUT sets the limit)"), absent, self.stall_timeout)))
         return out

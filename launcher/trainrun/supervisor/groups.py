@@ -64,10 +64,11 @@ class RankEvents(Protocol):
         """The rank's runtime made progress (collectives completed): it is not hung. `perf`: empty, or
         a window summary "WALL WAIT COLL LAST STEPS" (diag/perf.py) for straggler detection."""
 
-    def on_stall(self, rank: int, stuck: str = "") -> None:
-        """The rank's runtime raised a StallError: it asks for every rank's stack. With `stuck`
-        ("SECONDS WHAT"): it has waited that long in WHAT while no collective round completed (a peer's
-        engine takes no part at all: diag/rankhook.py); the job cannot go on."""
+    def on_stall(self, rank: int, notice: str) -> None:
+        """The rank's runtime says the job cannot go on (diag/rankhook.py's line, passed on whole):
+        "stall RANKS SECONDS NAMES" (it raised a StallError: RANKS did not submit NAMES) or "stuck
+        SECONDS WHAT" (it waited that long in WHAT while no collective round completed: a peer's engine
+        takes no part at all). supervisor/stall.py reads it."""
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
         """The answer to dump(request): the stacks of the group's running ranks."""

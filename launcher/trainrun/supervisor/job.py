@@ -7,16 +7,20 @@ Ctrl-C skips the grace period. Callers that need the loop's time (the elastic at
 (`on_tick`). When the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and
 processes of the job that left their groups), and a watchdog does the same if the launcher is killed.
 
-Stacks: SIGUSR1 to the launcher, a rank's StallError, or `hang_timeout` seconds without output, PMI
-traffic or runtime progress from any rank make every group take its running ranks' stacks (dump());
-they are printed grouped by identical stack (diag/report.py) and written to `output_dir`. The job goes
-on, except after a hang timeout: then it fails with exit code 124.
+Stacks: SIGUSR1 to the launcher, a rank's StallError or stuck report, or `hang_timeout` seconds without
+output, PMI traffic or runtime progress from any rank make every group take its running ranks' stacks
+(dump()); they are printed grouped by identical stack (diag/report.py) and written to `output_dir`. The
+job goes on after SIGUSR1; after a hang timeout it fails with exit code 124.
 
-Stuck ranks: a rank whose runtime waited the stall timeout in a collective while no collective round
-completed (`on_stall` with `stuck`, diag/rankhook.py) waits on a rank whose engine takes no part at all
-(stopped, exited without shutting trainrun down, hung outside trainrun): nothing inside the ranks can
-end that wait. The stacks are taken, then the job fails (exit 1) naming the absent ranks by their exit,
-their /proc state or their stack (supervisor/stall.py). Teardown sends SIGCONT after SIGTERM, so that a
+Stalls: a rank's StallError (some ranks did not submit a collective within the stall timeout: spinning,
+blocked in a DataLoader, sleeping) or stuck report (it waited the stall timeout while no collective round
+completed: a peer's engine takes no part at all, e.g. stopped or exited) (`on_stall`, diag/rankhook.py)
+means nothing inside the ranks can end the wait: the raising ranks may even hang in their own shutdown,
+whose MPI_Finalize waits for the absent rank. The stacks are taken, then the job fails (exit 1) naming
+the absent ranks by their exit, their /proc state or their stack (supervisor/stall.py), and teardown's
+SIGTERM and SIGKILL after `grace` end every rank, stuck or not. After a StallError only, the job waits
+STALL_RECOVER_S more once the stacks are in: a program may catch the error and go on (Horovod's stalls
+are warnings), and a collective completed by a raising rank in that time means it did; the job goes on. Teardown sends SIGCONT after SIGTERM, so that a
 stopped rank ends at once rather than at the SIGKILL after the grace period.
 
 The exit code is the first failing rank's by time across hosts (128+N if signal N killed it, result.py);
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
+from trainrun.rankset import describe_ranks
 from trainrun.supervisor.groups import ExitInfo
 from trainrun.supervisor.jobstate import JobEvent, JobState, advance
 from trainrun.supervisor.output import OutputSink
@@ -51,6 +56,8 @@ TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
 DUMP_WAIT = 15.0  # seconds for every host's stacks before printing those that came
 HANG_EXIT = 124  # as timeout(1)
+STALL_RECOVER_S = 4.0  # after a StallError's stacks: time for a raising rank to show progress again (its
+                       # runtime reports progress once a second) before the job fails
 
 
 class _Dump:
@@ -94,6 +101,7 @@ class Job:
         self._dump_seq = 0
         self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
+        self._stall_verdict: tuple[float, list[RankStack]] | None = None  # StallError: (fail at, the stacks)
         self.ps_policy = ps_policy
         self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
         # who holds the job back (supervisor/straggler.py), from the ranks' window summaries
@@ -189,6 +197,8 @@ class Job:
 
     def on_progress(self, rank: int, perf: str = "") -> None:
         self._last_activity = time.monotonic()
+        if self._stuck and not perf and any(s.rank == rank and s.absent is not None for s in self._stuck):
+            self._recovered(rank)  # (a perf line is a window summary, not news of a completed collective)
         if perf and self.stragglers is not None and not self.state.stop_asked:
             try:
                 for line in self.stragglers.on_window(rank, perf, self._last_activity):
@@ -211,26 +221,36 @@ class Job:
         except OSError as err:
             log.info("cannot write %s/straggler.jsonl: %s", self.output_dir, err.strerror)
 
-    def on_stall(self, rank: int, stuck: str = "") -> None:
-        if stuck:
-            self._on_stuck(rank, stuck)
-            return
-        log.info("rank %d raised a StallError: taking every rank's stack", rank)
-        if not self._dumps and not self.state.stop_asked:
-            self.dump(f"rank {rank} raised a StallError")
-
-    def _on_stuck(self, rank: int, text: str) -> None:
-        """A rank waits in a collective that cannot complete: take the stacks, then fail the job."""
+    def on_stall(self, rank: int, notice: str) -> None:
+        """A rank's runtime says it waits in a collective that cannot complete (supervisor/stall.py):
+        take the stacks, then fail the job naming the absent ranks."""
         from trainrun.supervisor.stall import Stuck
 
-        report = Stuck.parse(rank, text)
+        report = Stuck.parse(rank, notice)
         if report is None or any(s.rank == rank for s in self._stuck):
             return
-        log.info("rank %d waited %gs in %s with no collective round completing", rank, report.seconds, report.waiting)
+        log.info("rank %d waited %gs in %s (%s)", rank, report.seconds, report.waiting, notice.split(" ", 1)[0])
         self._stuck.append(report)
         if len(self._stuck) == 1 and not self.state.stop_asked:
-            self.dump(f"rank {rank} waited {report.seconds:g} s in {report.waiting}, no collective round completing",
-                      then=self._fail_stuck)
+            self.dump(f"rank {rank} waited {report.seconds:g} s in {report.waiting}"
+                      + (", no collective round completing" if report.absent is None else
+                         f", which {describe_ranks(report.absent)} did not submit"), then=self._after_stall_stacks)
+
+    def _recovered(self, rank: int) -> None:
+        """A rank that raised a StallError completed a collective since: the program went on (caught
+        it, and the absent rank came back), so the stall is over."""
+        log.info("rank %d made progress after its StallError: the job goes on", rank)
+        self._stuck.clear()
+        self._stall_verdict = None
+
+    def _after_stall_stacks(self, stacks: list[RankStack]) -> None:
+        """The stacks are in: a stuck report fails the job now, a StallError after STALL_RECOVER_S."""
+        if not self._stuck:  # recovered while the stacks were taken
+            return
+        if any(s.absent is None for s in self._stuck):
+            self._fail_stuck(stacks)
+        else:
+            self._stall_verdict = (time.monotonic() + STALL_RECOVER_S, stacks)
 
     def _fail_stuck(self, stacks: list[RankStack]) -> None:
         from trainrun.diag.report import in_trainrun_call
@@ -402,6 +422,10 @@ class Job:
                         and now - self._last_activity > self.hang_timeout):
                     log.info("no activity for %.0fs: taking stacks, then ending the job", now - self._last_activity)
                     self.dump(f"no output or progress for {self.hang_timeout:g}s", then=self._fail_hung)
+                if self._stall_verdict is not None and now >= self._stall_verdict[0]:
+                    stacks, self._stall_verdict = self._stall_verdict[1], None
+                    if self._stuck and not self.state.stop_asked:
+                        self._fail_stuck(stacks)
                 if self.state is JobState.STOPPING and now >= self._stop_deadline:
                     log.info("grace period over: SIGKILL")
                     self._kill()

@@ -299,10 +299,8 @@ class LocalRanks:
                     self._warm_up()
             elif word == "perf":  # a window summary (diag/perf.py): progress too
                 self.events.on_progress(rank.spec.rank, rest)
-            elif word == "stall":
-                self.events.on_stall(rank.spec.rank)
-            elif word == "stuck":
-                self.events.on_stall(rank.spec.rank, rest)
+            elif word in ("stall", "stuck"):  # passed on whole: supervisor/stall.Stuck.parse reads it
+                self.events.on_stall(rank.spec.rank, line.decode(errors="replace"))
 
     def dump(self, request: int, use_py_spy: bool) -> None:
         """Take the stacks of the running ranks in a thread; reported through on_stacks from the loop."""
