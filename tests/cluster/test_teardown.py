@@ -151,3 +151,86 @@ def test_a_host_cut_off_is_named_and_its_ranks_end_within_the_bound(cluster, tmp
         proc.kill()
         proc.communicate()
         kill_all(token)
+
+
+SLEEPER = str(Path(__file__).parents[1] / "process" / "workers" / "mpi_sleep.py")
+LOST_CLEAN_S = 30.0  # issue 38: nothing of the job on a lost host 30 s after the launcher reports it lost
+
+
+def ups(stdout: str) -> dict[int, tuple[str, str]]:
+    """rank -> (job id, stack file) from mpi_sleep.py's `[R]<stdout>:up JOB FILE` lines."""
+    out = {}
+    for line in stdout.splitlines():
+        head, _, rest = line.partition("<stdout>:up ")
+        if rest:
+            job, path = rest.split()
+            out[int(head.strip("[]"))] = (job, path)
+    return out
+
+
+def host_leftovers(cluster, i: int, token: str, job: str, stack_files) -> list[str]:
+    """What job `job` still has on host i: processes (by token), MPICH segments in its own /dev/shm, stack files
+    and the job's stack-file directory for it (/tmp is shared by the hosts)."""
+    from trainrun.mpiworld.shm import kvsname_for, shm_segment_pattern
+
+    pattern = shm_segment_pattern(kvsname_for(job))
+    shm = cluster.run(i, ["ls", "/dev/shm"]).stdout.split()
+    left = [f"pid {pid}" for pid in on_host(cluster, i, procs_with(token))]
+    left += [f"/dev/shm/{name}" for name in shm if pattern.fullmatch(name)]
+    left += [p for p in stack_files if os.path.exists(p)]
+    return left + [str(p) for p in Path("/tmp").glob(f"trainrun-stacks-{job}-h{i}")]
+
+
+def test_a_lost_host_keeps_no_process_shm_segment_or_stack_file(cluster, tmp_path):
+    """2 ranks on h2 in the job's MPI world (MPICH's segment in h2's /dev/shm, each rank's stack file); h2's agent
+    and its watchdog are SIGSTOPped, so only the launcher's cleanup over a new connection can act: exit 255, h2
+    named lost and cleaned, and within 30 s of that report h2 has none of the job's processes, segments or
+    stack files (a killed agent removes nothing itself; SIGKILLed ranks never remove their stack files)."""
+    token = f"lostfiles{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(argv(cluster, "--heartbeat-timeout", 3, "-H", "h1:1,h2:2", sys.executable, SLEEPER, 600, token),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    agent, watchdog = None, []
+    try:
+        lines = [proc.stdout.readline().decode() for _ in range(3)]
+        up = ups("".join(lines))
+        assert sorted(up) == [0, 1, 2], lines
+        job = up[0][0]
+        on_h2 = [up[1][1], up[2][1]]
+        before = host_leftovers(cluster, 2, token, job, on_h2)
+        assert sum(x.startswith("/dev/shm/") for x in before) == 1 and all(p in before for p in on_h2), before
+        agent, watchdog = the_agent_on(cluster, 2)
+        for pid in (*watchdog, agent):
+            os.kill(pid, signal.SIGSTOP)
+        out, err = proc.communicate(timeout=60)
+        reported = time.monotonic()
+        assert proc.returncode == 255, err.decode()
+        assert "h2: killed its agent and its 2 rank(s) over a new connection" in err.decode()
+        while (left := host_leftovers(cluster, 2, token, job, on_h2)) and time.monotonic() < reported + LOST_CLEAN_S:
+            time.sleep(0.2)
+        assert left == [], f"left on h2 {time.monotonic() - reported:.0f}s after it was reported lost: {left}"
+        assert host_leftovers(cluster, 1, token, job, [up[0][1]]) == []  # h1's agent cleaned up after its rank
+    finally:
+        proc.kill()
+        proc.communicate()
+        if agent is not None:
+            for pid in (agent, *watchdog):
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        kill_all(token)
+
+
+def test_a_full_dev_shm_on_a_host_is_named_before_any_rank_starts(cluster, tmp_path):
+    """h2's /dev/shm is a 2 MiB tmpfs for the test (over its own, restored after): a job with 2 ranks there
+    ends before any rank starts, exit 3, the one line naming h2 from its agent's HELLO; no SIGBUS."""
+    assert cluster.run(2, ["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", "/dev/shm"]).returncode == 0
+    try:
+        r = subprocess.run(argv(cluster, "-H", "h1:1,h2:2", sys.executable, SLEEPER, 0), capture_output=True, text=True,
+                           cwd=tmp_path, timeout=90)
+        assert r.returncode == 3, r.stderr
+        assert r.stderr.strip().startswith("trainrun: error: h2: /dev/shm has 2 MiB free, the MPI world needs 2.1 MiB "
+                                           "for its 2 rank(s) there ("), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stderr
+    finally:
+        assert cluster.run(2, ["umount", "/dev/shm"]).returncode == 0
