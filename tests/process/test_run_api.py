@@ -342,3 +342,28 @@ def test_a_value_over_the_lines_limit_from_another_host_is_one_clear_error(monke
     assert type(info.value).__name__ == "ResultTooLarge" and "\n" not in text
     assert text.startswith("rank 0 on localhost returned 1.0 MiB (pickled), more than the 0.5 MiB"), text
     assert "TRAINRUN_RUN_REMOTE_RESULT_MB" in text and "write big results to a file" in text
+
+
+TERMINAL_SCRIPT = '''
+import sys, trainrun
+
+def noisy():
+    sys.stdout.buffer.write(b"\\x1b[2J\\x1b]0;title\\x07\\x1b[31mred\\x1b[0m\\n")
+    sys.stdout.flush()
+    return 7
+
+print("VALUES", trainrun.run(noisy, np=1))
+'''
+
+
+def test_trainrun_run_on_a_terminal_shows_the_ranks_controls_as_text(tmp_path):
+    """The launcher writes to the caller's pipes; the caller, whose stdout is a terminal, escapes the
+    rank's screen clear and title and keeps its colour."""
+    from test_launch_output import _under_a_terminal
+
+    script = tmp_path / "noisy.py"
+    script.write_text(TERMINAL_SCRIPT)
+    code, screen = _under_a_terminal([sys.executable, str(script)], tmp_path, timeout=90)
+    assert code == 0 and b"VALUES [7]" in screen, screen
+    assert b"[0]<stdout>:\\x1b[2J\\x1b]0;title\\x07\x1b[31mred\x1b[0m" in screen, screen
+    assert b"\x1b[2J" not in screen and b"\x1b]0;" not in screen, screen
