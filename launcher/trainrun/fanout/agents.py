@@ -8,7 +8,7 @@ launcher gave up on it after SIGKILL: every unreported rank is then reported los
 
 A lost host is cleaned up over a fresh connection when the engine can open one (`sweeper`: the engine's
 `sweep`, run in a thread): the agent's whole tree (its pid and start time came in HELLO) and every process
-of the job there (supervisor/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
+of the job there, then the job's /dev/shm segments and stack files there (supervisor/reaper.py). `cleanup_note`, set by wait_closed, says what came of it: killed, or
 unreachable, with the ranks that may still run and within how many seconds the agent there ends them
 (the agent's own patience: it kills its ranks after `heartbeat_timeout` + 2 s without word from us).
 

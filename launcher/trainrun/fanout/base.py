@@ -8,7 +8,8 @@ does three things for the rest of the launcher, which never sees SSH or srun:
     run_module(host, module, ...) `python -m MODULE ARGS` there, as a ModuleChannel (--check's facts, the NIC probe)
     close()                       release every connection (agents' channels first: they end their agents)
     sweep(host, job, mark, agent) optional: over a NEW connection, kill a lost host's agent tree and the job's
-                                  processes there (supervisor/reaper.py's main); None when nothing is left, else why not
+                                  processes there, then its /dev/shm segments and stack files (supervisor/reaper.py's
+                                  main); None when no process is left, else why not
 
 Contract: no engine opens a listening port; the channel is the engine's own transport (an SSH session,
 a pipe, srun's stdin/stdout). A host is named by `HostSpec.name`, unique within a job.
