@@ -90,17 +90,21 @@ def test_hang_timeout_dumps_and_exits_124(run_trainrun, tmp_path):
     assert_all_gone(all_pids(wait_for_pidfiles(tmp_path, 4, timeout=0)))
 
 
-def test_stall_error_asks_for_the_stacks(start_trainrun, tmp_path):
-    """The runtime's StallError on the waiting ranks makes the launcher take every rank's stack: rank 1
-    is found in slow_step. (The ranks that raised it then hang in MPI_Finalize while rank 1 sleeps: a
-    runtime matter; Ctrl-C ends the job.)"""
+def test_stall_error_takes_the_stacks_then_ends_the_job(start_trainrun, tmp_path):
+    """The runtime's StallError on the waiting ranks makes the launcher take every rank's stack (rank 1
+    is found in slow_step), then end the job itself, exit 1, naming rank 1: the ranks that raised it
+    would hang in MPI_Finalize while rank 1 sleeps (issue 38; this job once needed a Ctrl-C)."""
     proc = start_trainrun("-np", 4, sys.executable, HANG, tmp_path, "hang", env=base_env(TRAINRUN_STALL_TIMEOUT="2"))
     err = Reader(proc.stderr)
-    err.wait_for(r"^trainrun: stacks of 4 rank\(s\) \(rank \d raised a StallError\)", timeout=60)
+    err.wait_for(r"^trainrun: stacks of 4 rank\(s\) \(rank \d waited 2 s in '.*', which rank 1 did not submit\)",
+                 timeout=60)
     err.wait_for(rf"^rank 1: slow_step \(diag_job\.py:{slow_step_line()}\)")
-    assert "StallError: Stalled for more than 2 s" in err.text()
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(15) == 130
+    assert proc.wait(30) == 1
+    text = err.text()
+    assert "StallError: Stalled for more than 2 s" in text
+    assert re.search(r"^trainrun: rank 1 on \S+ \(local rank 1\) took no part in it \(it runs: its stack is above\) "
+                     r"while ranks 0,2,3 waited in '.*' \(not submitted by rank 1 within the 2 s stall timeout\)",
+                     text, re.M), text
 
 
 def test_first_failure_by_time_names_the_killed_rank(run_trainrun, tmp_path):
