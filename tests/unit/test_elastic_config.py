@@ -48,6 +48,26 @@ def test_a_failing_discovery_script_is_a_usage_error(tmp_path):
         cfg(host_discovery_script=str(tmp_path / "missing.sh")).host_specs()
 
 
+def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_path):
+    """Its answer is a hostfile: past MAX_HOSTFILE_BYTES it is killed and named, memory stays small."""
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\nexec yes h1:2\n")
+    script.chmod(0o755)
+    with pytest.raises(UsageError, match=r"d.sh: printed more than 4 MiB; it must print the hosts available now"):
+        cfg(host_discovery_script=str(script)).host_specs()
+    quiet = tmp_path / "q.sh"  # its output closed, but it runs on: no answer, and it is killed
+    quiet.write_text("#!/bin/sh\necho h1:2\nexec >&- 2>&-\nsleep 600\n")
+    quiet.chmod(0o755)
+    import trainrun.supervisor.discovery as discovery
+
+    old, discovery.SCRIPT_TIMEOUT = discovery.SCRIPT_TIMEOUT, 1.0
+    try:
+        with pytest.raises(UsageError, match="no answer within 1s"):
+            cfg(host_discovery_script=str(quiet)).host_specs()
+    finally:
+        discovery.SCRIPT_TIMEOUT = old
+
+
 def test_max_backoff_defaults_and_is_shown():
     from trainrun.cli.config import LaunchConfig
     from trainrun.supervisor.restart_policy import DEFAULT_MAX_BACKOFF

@@ -4,35 +4,89 @@ line) run every DISCOVERY_EVERY s on a background thread, so a slow script never
 """
 from __future__ import annotations
 
+import os
+import selectors
+import signal
 import subprocess
 import threading
+import time
 
 from trainrun import log
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import HostSpec, parse_hosts_arg
+from trainrun.plan.hosts import MAX_HOSTFILE_BYTES, HostSpec, parse_hosts_arg
 
 DISCOVERY_EVERY = 1.0
 SCRIPT_TIMEOUT = 30.0
+STDERR_KEPT = 4096  # bytes of the script's stderr kept for the message (its last line)
 
 
 def run_script(path: str) -> list[HostSpec]:
-    """The hosts `path` lists now. Raises UsageError naming the script and what went wrong."""
+    """The hosts `path` lists now. Raises UsageError naming the script and what went wrong: it cannot
+    run, gives no answer within SCRIPT_TIMEOUT, fails, or prints more than a hostfile may hold
+    (MAX_HOSTFILE_BYTES: its answer is read within that bound, the script killed past it)."""
     try:
-        r = subprocess.run([path], capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, stdin=subprocess.DEVNULL)
-    except OSError as err:
-        raise UsageError(f"--host-discovery-script {path}: cannot run it ({err.strerror}); it must be an executable file") from None
+        rc, out, err = _bounded_run(path)
+    except OSError as e:
+        raise UsageError(f"--host-discovery-script {path}: cannot run it ({e.strerror}); it must be an executable file") from None
     except subprocess.TimeoutExpired:
         raise UsageError(f"--host-discovery-script {path}: no answer within {SCRIPT_TIMEOUT:g}s") from None
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UsageError(f"--host-discovery-script {path}: exited with code {r.returncode} ({last})")
-    entries = [line.strip() for line in r.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    if out is None:
+        raise UsageError(f"--host-discovery-script {path}: printed more than {MAX_HOSTFILE_BYTES >> 20} MiB; "
+                         "it must print the hosts available now, one host:slots a line")
+    if rc != 0:
+        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        raise UsageError(f"--host-discovery-script {path}: exited with code {rc} ({last})")
+    lines = out.decode(errors="replace").splitlines()
+    entries = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     if not entries:
         return []
     try:
         return parse_hosts_arg(",".join(entries))
-    except UsageError as err:
-        raise UsageError(f"--host-discovery-script {path}: {err}") from None
+    except UsageError as e:
+        raise UsageError(f"--host-discovery-script {path}: {e}") from None
+
+
+def _bounded_run(path: str) -> tuple[int, bytes | None, bytes]:
+    """Run `path`: (exit code, its stdout or None if it printed more than MAX_HOSTFILE_BYTES, the tail of its
+    stderr). It is killed past that bound or SCRIPT_TIMEOUT (then TimeoutExpired); OSError if it cannot start."""
+    # its own process group: what it started goes with it when it is killed
+    proc = subprocess.Popen([path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+    def kill() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # (the whole group ended meanwhile)
+            pass
+
+    out, err, too_much = bytearray(), bytearray(), False
+    deadline = time.monotonic() + SCRIPT_TIMEOUT
+    with proc, selectors.DefaultSelector() as sel:
+        assert proc.stdout is not None and proc.stderr is not None
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        while sel.get_map() and not too_much:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                kill()
+                raise subprocess.TimeoutExpired(path, SCRIPT_TIMEOUT)
+            for key, _ in sel.select(left):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                if key.data is err:
+                    del err[:-STDERR_KEPT]
+                too_much = len(out) > MAX_HOSTFILE_BYTES
+        if too_much:
+            kill()
+        try:
+            rc = proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # it closed its output but runs on
+            kill()
+            raise
+    return rc, None if too_much else bytes(out), bytes(err)
 
 
 class LiveHosts:
