@@ -12,6 +12,7 @@ naming the absent rank, within the stall timeout plus the grace period plus 5 s.
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -134,3 +135,15 @@ def test_an_alive_rank_that_never_joins_ends_the_job_named_with_its_stack(start_
                      r"timeout\)", text, re.M), text
     assert took < STALL_S + GRACE_S + 5, (took, text)
     assert_all_gone(all_pids(recs) + all_pids({1: absent}))
+
+
+def test_under_a_bare_mpiexec_a_stall_error_aborts_the_mpi_job(tmp_path):
+    """No trainrun launcher to end it: the rank that dies of its StallError calls MPI_Abort at exit (not
+    MPI_Finalize, which would wait for the spinning rank for ever), and mpiexec ends every rank."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, JOB, str(tmp_path), "absent", "spin", "1"],
+                          env=base_env(**STALL), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, proc.stderr
+    assert "StallError: Stalled for more than 3 s: rank 1 did not submit 'x'" in proc.stderr, proc.stderr
+    assert "MPI_Abort(MPI_COMM_WORLD, 1)" in proc.stderr, proc.stderr
+    assert_all_gone(all_pids(wait_for_pidfiles(tmp_path, 2)))

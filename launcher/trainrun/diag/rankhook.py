@@ -67,6 +67,11 @@ def diag_fd(value: str | None) -> int | None:
     return fd if stat.S_ISFIFO(st.st_mode) and st.st_ino == int(ino_text) else None
 
 
+def connected() -> bool:
+    """Whether a launcher's diag pipe is open here (install() found TRAINRUN_DIAG_FD's pipe)."""
+    return _fd is not None
+
+
 def send(line: str) -> None:
     """One line to the owner; dropped if there is no pipe or it is full."""
     if _fd is None:

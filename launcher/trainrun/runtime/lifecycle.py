@@ -22,6 +22,7 @@ import sys
 from trainrun.runtime import process_sets as _sets
 from trainrun.runtime import horovod_env, waiting
 from trainrun.runtime.context import RUNTIME, Session
+from trainrun.runtime.exceptions import StallError
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401 (ProcessSet: as before)
 from trainrun.runtime.topology import Topology
 
@@ -92,8 +93,26 @@ def shutdown() -> None:
 def _noting_crash(previous):
     def hook(*exc_info):
         RUNTIME.crashed = True
+        if issubclass(exc_info[0], StallError):
+            _abort_at_exit_unless_launched()
         previous(*exc_info)
     return hook
+
+
+def _abort_at_exit_unless_launched() -> None:
+    """The program dies of a StallError: a rank is absent, and MPI_Finalize at exit would wait for it
+    for ever. Under trainrun the launcher ends the job (it names the absent rank with its stack:
+    supervisor/job.py); under a launcher that cannot (a bare mpiexec, mpirun) mpi4py's exit calls
+    MPI_Abort instead, which ends the whole MPI job, as `python -m mpi4py` does for any crash."""
+    from trainrun.diag import rankhook
+
+    if rankhook.connected():
+        return
+    from mpi4py import MPI
+
+    abort = getattr(MPI, "_set_abort_status", None)  # (mpi4py >= 3.1)
+    if abort is not None:
+        abort(1)
 
 
 def _at_exit() -> None:
