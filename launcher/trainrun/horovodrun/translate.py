@@ -13,33 +13,11 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from trainrun import horovod_no_effect as no_effect
 from trainrun.errors import UsageError
 from trainrun.horovodrun.options import build_parser
 
 HOROVOD_API_VERSION = "0.28.1"  # the horovodrun whose command line this one accepts
-
-# Options whose HOROVOD_* variable the runtime has no mechanism for, and why (the same verdicts as
-# runtime/horovod_env.NO_EFFECT, which a unit test holds this table to; that module is not imported here:
-# it pulls in the runtime and NumPy). Such an option is noted and its variable not set, so the note is said
-# once, here, and not again by rank 0 at init.
-_NO_CYCLE = "trainrun has no fixed cycle: ranks run a round as soon as an op is ready"
-NO_MECHANISM = {
-    "cycle_time_ms": _NO_CYCLE,
-    "timeline_mark_cycles": _NO_CYCLE + " (no cycles to mark)",
-    "hierarchical_allreduce": "no two-level allreduce here; MPI's allreduce picks its own algorithm",
-    "hierarchical_allgather": "no two-level allgather here; MPI's allgather picks its own algorithm",
-    "autotune": "no autotuner; set --fusion-threshold-mb yourself",
-    "autotune_log_file": "no autotuner",
-    "autotune_warmup_samples": "no autotuner",
-    "autotune_steps_per_sample": "no autotuner",
-    "autotune_bayes_opt_max_samples": "no autotuner",
-    "autotune_gaussian_process_noise": "no autotuner",
-    "mpi_threads_disable": "the runtime needs MPI_THREAD_SERIALIZED or more (mpi4py's default is MULTIPLE)",
-    "num_nccl_streams": "trainrun uses one NCCL stream per rank",
-    "thread_affinity": "no background-thread pinning; --binding-args='--bind-to core' pins the ranks",
-    "gloo_timeout_seconds": "no Gloo: ranks join one MPI world (see --start-timeout)",
-    "log_with_timestamp": "runtime lines carry no time; --prefix-output-with-timestamp stamps every line",
-}
 
 
 @dataclass(frozen=True)
@@ -78,6 +56,11 @@ OPTION_VARS = {
     "thread_affinity": "HOROVOD_THREAD_AFFINITY", "gloo_timeout_seconds": "HOROVOD_GLOO_TIMEOUT_SECONDS",
     "log_level": "HOROVOD_LOG_LEVEL", "log_with_timestamp": "HOROVOD_LOG_HIDE_TIME",
 }
+# Options whose HOROVOD_* variable has no effect in the ranks, and why (horovod_no_effect.py: the one list, which
+# the runtime's notes read too). Such an option is noted and its variable not set, so the note is said once,
+# here, and not again by rank 0 at init.
+NO_MECHANISM = {dest: found.for_option() for dest, var in OPTION_VARS.items()
+                if (found := no_effect.verdict(var)) is not None}
 
 
 def horovod_env(ns) -> dict[str, str]:
