@@ -30,7 +30,7 @@ from trainrun.agent import wire
 from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import HostError, HostsError
 from trainrun.facts.model import HostFacts
-from trainrun.fanout.base import AgentLink, FanoutEngine
+from trainrun.fanout.base import AgentLink, FanoutEngine, Sweeper
 from trainrun.fanout.clock import ClockOffset
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.spec import ProcessSpec
@@ -50,7 +50,7 @@ class AgentRanks:
         """`agent_id`: "PID:START" of the agent process on its host (from HELLO; None from an older agent)."""
         self.link = link
         self.agent_id = agent_id
-        self.sweeper = None  # the engine's sweep(host, job_id, mark_host, agent_id) -> None or why it failed
+        self.sweeper: Sweeper | None = None  # the engine's sweep (set by whoever opened the agent's link)
         self.cleanup_note: str | None = None
         self.may_still_run = 0  # ranks of this host left running where cleanup could not reach (cleanup_note)
         self._lost_ranks = 0
@@ -111,7 +111,7 @@ class AgentRanks:
         if ended and not self._ended:
             self._ended = True
             sel.unregister(self.link.fileno())
-            why = getattr(self.link, "why_ended", lambda: None)()  # what the kernel said, where the engine knows
+            why = self.link.why_ended()  # what the kernel said, where the engine knows
             self._lose(f"lost the agent on {self.host} ({why or 'connection dropped or agent killed'})")
 
     def _lose(self, message: str) -> None:
@@ -308,5 +308,5 @@ def open_agents(engine: FanoutEngine, hosts: list[HostSpec], timeout: float) -> 
     if failures:
         raise HostsError(failures)
     for agent in agents.values():
-        agent.sweeper = getattr(engine, "sweep", None)
+        agent.sweeper = engine.sweep
     return agents

@@ -7,16 +7,17 @@ does three things for the rest of the launcher, which never sees SSH or srun:
     start_agent(host)             `python -m trainrun.agent` there, as an AgentLink (framed channel on stdin/stdout)
     run_module(host, module, ...) `python -m MODULE ARGS` there, as a ModuleChannel (--check's facts, the NIC probe)
     close()                       release every connection (agents' channels first: they end their agents)
-    sweep(host, job, mark, agent) optional: over a NEW connection, kill a lost host's agent tree and the job's
-                                  processes there, then its /dev/shm segments and stack files (supervisor/reaper.py's
-                                  main); None when no process is left, else why not
+    sweep(host, job, mark, agent) over a NEW connection, kill a lost host's agent tree and the job's processes
+                                  there, then its /dev/shm segments and stack files (supervisor/reaper.py's main);
+                                  None when no process is left, else why not (called from a thread)
 
 Contract: no engine opens a listening port; the channel is the engine's own transport (an SSH session,
 a pipe, srun's stdin/stdout). A host is named by `HostSpec.name`, unique within a job.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Optional, Protocol
 
 from trainrun.errors import HostError
 from trainrun.plan.hosts import HostSpec
@@ -36,8 +37,15 @@ class AgentLink(Protocol):
     def wait(self, timeout: float) -> None: ...  # until the agent has ended (or timeout)
     def close(self, wait: float) -> None: ...    # shutdown, then wait
     def disconnect(self) -> None: ...
-    # optional: why_ended() -> str | None, what the kernel said of a connection that ended (timed out, reset);
-    # the SSH engine's links have it (AgentRanks names the cause of a lost host with it)
+
+    def why_ended(self) -> str | None:
+        """What the kernel said of the connection once it ended (timed out, reset), for the line naming a lost
+        host; None where the engine cannot know (a pipe, an srun step)."""
+        ...
+
+
+# FanoutEngine.sweep(host, job_id, mark_host, agent), as AgentRanks holds it (Optional: this runs on Python 3.9)
+Sweeper = Callable[[str, str, str, Optional[str]], Optional[str]]
 
 
 class ModuleChannel(Protocol):
@@ -60,4 +68,5 @@ class FanoutEngine(Protocol):
     def start_agent(self, host: str) -> AgentLink: ...
     def run_module(self, host: str, module: str, *args: str, python: str | None = None,
                    timeout: float = 30.0) -> ModuleChannel: ...
+    def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None) -> str | None: ...
     def close(self) -> None: ...

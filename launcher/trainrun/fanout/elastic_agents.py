@@ -143,7 +143,7 @@ class AgentPool:
                 continue
             agent.heartbeat_timeout = self.heartbeat_timeout
             agent.warm = self.warm
-            agent.sweeper = getattr(self.engine, "sweep", None)  # a lost host is cleaned up over a new connection
+            agent.sweeper = self.engine.sweep  # a lost host is cleaned up over a new connection
             self.agents[link.host] = agent
         return failures
 

@@ -60,6 +60,10 @@ class PipeLink:
     def disconnect(self) -> None:
         pass
 
+    def why_ended(self) -> str | None:
+        """A local pipe's end says nothing of why (the agent's exit shows in its stderr)."""
+        return None
+
 
 def _pipes(proc: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes], IO[bytes]]:
     """The stdin, stdout and stderr of a process started with all three as PIPEs."""
