@@ -11,7 +11,7 @@ import beside the CPU torch):
 Contenders, all in the same two rank processes (same-process A/B: load hits all alike), SGD lr 0.01:
   trainrun -- trainrun.torch.DistributedOptimizer, TRAINRUN_WAIT=auto (the waiting policy);
   trainrun-spin -- the same model and optimizer with the policy switched to spin (the behaviour before
-                   the policy: waiting.POLICY.set_mode, between blocks);
+                   the policy: lifecycle.wait_policy().set_mode, between blocks);
   ddp -- torch DistributedDataParallel on gloo (init_method env://, MASTER_ADDR/PORT from rank 0);
   none -- the model alone, no communication (the compute floor).
 Conditions: idle -- the machine as it is; hogs -- one `while True: pass` process per core beside the
@@ -43,7 +43,7 @@ import torch.nn as nn
 from mpi4py import MPI
 
 import trainrun.torch as hvd
-from trainrun.runtime.waiting import POLICY
+from trainrun.runtime import lifecycle
 
 COMM = MPI.COMM_WORLD
 CONTENDERS = ("trainrun", "trainrun-spin", "ddp", "none")
@@ -166,7 +166,7 @@ def cpu_s() -> float:
 
 def run_block(name: str, step, steps: int) -> tuple[list[float], float]:
     """(per-step wall seconds on this rank, CPU seconds of both ranks together) of `steps` steps."""
-    POLICY.set_mode("spin" if name == "trainrun-spin" else "auto")
+    lifecycle.wait_policy().set_mode("spin" if name == "trainrun-spin" else "auto")
     COMM.Barrier()
     c0 = cpu_s()
     walls = []
@@ -177,7 +177,7 @@ def run_block(name: str, step, steps: int) -> tuple[list[float], float]:
     cpu = cpu_s() - c0  # (before the barrier: MPICH's barrier polls, and a rank that ran ahead would count it)
     COMM.Barrier()
     cpu = COMM.allreduce(cpu)
-    POLICY.set_mode("auto")
+    lifecycle.wait_policy().set_mode("auto")
     return walls, cpu
 
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import trainrun.torch as hvd  # noqa: E402
 from bench_common import cpu_model, fmt_size, fmt_us, interleaved_samples_us, write_out  # noqa: E402
 from trainrun.runtime.backends import nccl  # noqa: E402
+from trainrun.runtime.context import RUNTIME  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 
@@ -84,11 +85,11 @@ def allreduce_rows(quick: bool) -> list[str]:
             sync()
 
         def trainrun_host():
-            os.environ["TRAINRUN_GPU_OPERATIONS"] = "mpi"
+            RUNTIME.current().use_gpu_operations("mpi")  # this session's CUDA path, for this call only
             try:
                 hvd.allreduce_(t, name="bench.host", op=hvd.Sum)
             finally:
-                os.environ["TRAINRUN_GPU_OPERATIONS"] = "nccl"
+                RUNTIME.current().use_gpu_operations("nccl")
             sync()
 
         times = interleaved_samples_us([torch_nccl, trainrun_in_place, trainrun_out_of_place, trainrun_host], iters,
@@ -141,10 +142,9 @@ def train_rows(quick: bool) -> list[str]:
         ddp_model.load_state_dict(plain.state_dict())
         ddp = nn.parallel.DistributedDataParallel(ddp_model, device_ids=[torch.cuda.current_device()])
         plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-3, momentum=0.9)
-        os.environ["TRAINRUN_ELASTIC"] = "1"  # at world size 1 Horovod's optimizer reduces only in elastic jobs
+        # at world size 1 Horovod's optimizer reduces only in elastic jobs (TRAINRUN_ELASTIC=1, set in main)
         tr_opt = hvd.DistributedOptimizer(torch.optim.SGD(tr.parameters(), lr=1e-3, momentum=0.9),
                                           named_parameters=tr.named_parameters())
-        del os.environ["TRAINRUN_ELASTIC"]
         assert tr_opt._reduces, "DistributedOptimizer would not reduce: the row would measure nothing"
         ddp_opt = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
 
@@ -181,11 +181,12 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gpu.py: no CUDA GPU here (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
+    os.environ["TRAINRUN_ELASTIC"] = "1"  # read at init: the one-rank DistributedOptimizer reduces (train_rows)
     hvd.init()
     if hvd.size() != 1:
         print("bench_gpu.py: run it as one rank (trainrun -np 1): it measures overhead at world size 1", file=sys.stderr)
         return 2
-    os.environ["TRAINRUN_GPU_OPERATIONS"] = "nccl"
+    RUNTIME.current().use_gpu_operations("nccl")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
                             device_id=torch.device("cuda", 0))

@@ -99,3 +99,72 @@ def test_log_levels_and_dynamic_timeline():
 def test_a_bad_number_names_its_variable(name, value):
     with pytest.raises(ValueError, match=f"{name}='{value}'"):
         read({name: value})
+
+
+# ---- the settings read nowhere else on the rank side (issue 39): each one's default, values, bad values ----
+
+def test_defaults_of_the_rank_sides_other_settings():
+    s = read({})
+    assert (s.gpu_operations, s.wait_mode, s.straggler, s.elastic, s.restart_count, s.host_updates, s.diag_fd,
+            s.stacks_dir) == ("", "auto", True, False, 0, True, None, None)
+
+
+@pytest.mark.parametrize("env, choice", [
+    ({"TRAINRUN_GPU_OPERATIONS": "mpi"}, "mpi"),
+    ({"TRAINRUN_GPU_OPERATIONS": " NCCL "}, "nccl"),
+    ({"HOROVOD_GPU_OPERATIONS": "MPI"}, "mpi"),
+    ({"HOROVOD_GPU_OPERATIONS": "nccl", "TRAINRUN_GPU_OPERATIONS": "mpi"}, "mpi"),  # trainrun's wins
+    ({"HOROVOD_GPU_OPERATIONS": "mpi", "TRAINRUN_GPU_OPERATIONS": ""}, ""),  # set empty: the default (nccl if it loads)
+    ({"HOROVOD_GPU_OPERATIONS": "ddl"}, ""),  # a Horovod build setting: noted, counts as unset
+])
+def test_gpu_operations(env, choice):
+    assert read(env).gpu_operations == choice
+
+
+@pytest.mark.parametrize("value, mode", [("spin", "spin"), (" Block ", "block"), ("", "auto")])
+def test_wait_mode(value, mode):
+    assert read({"TRAINRUN_WAIT": value}).wait_mode == mode
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True), ("off", False), ("Yes", True), ("", True)])
+def test_straggler_flag(value, on):
+    assert read({"TRAINRUN_STRAGGLER": value}).straggler is on
+
+
+@pytest.mark.parametrize("env, elastic", [
+    ({"TRAINRUN_ELASTIC": "1"}, True), ({"HOROVOD_ELASTIC": "1"}, True),  # Horovod's test: == '1'
+    ({"TRAINRUN_ELASTIC": "0"}, False), ({"HOROVOD_ELASTIC": "true"}, False),
+])
+def test_elastic_flag(env, elastic):
+    assert read(env).elastic is elastic
+
+
+def test_the_launchers_elastic_and_diag_variables():
+    s = read({"TRAINRUN_RESTART_COUNT": "3", "TRAINRUN_HOST_UPDATES": "0", "TRAINRUN_DIAG_FD": "5:1234",
+              "TRAINRUN_STACKS_DIR": "/tmp/trainrun-stacks-j-h"})
+    assert (s.restart_count, s.host_updates, s.diag_fd, s.stacks_dir) == (3, False, "5:1234", "/tmp/trainrun-stacks-j-h")
+    assert s.notes == ()
+
+
+@pytest.mark.parametrize("name, value", [("TRAINRUN_GPU_OPERATIONS", "ddl"), ("TRAINRUN_WAIT", "busy"),
+                                         ("TRAINRUN_STRAGGLER", "maybe"), ("TRAINRUN_RESTART_COUNT", "-1"),
+                                         ("TRAINRUN_RESTART_COUNT", "two"), ("TRAINRUN_HOST_UPDATES", "2")])
+def test_a_bad_value_of_the_other_settings_names_its_variable(name, value):
+    with pytest.raises(ValueError, match=f"{name}='{value}'"):
+        read({name: value})
+
+
+def test_the_no_effect_list_is_one_for_both_sides():
+    """runtime/horovod_env.py and horovodrun/translate.py say the same verdicts, from horovod_no_effect.py."""
+    from trainrun import horovod_no_effect
+    from trainrun.horovodrun.translate import NO_MECHANISM, OPTION_VARS
+    from trainrun.runtime import horovod_env
+
+    assert horovod_env.NO_EFFECT is horovod_no_effect.NO_EFFECT
+    assert not set(horovod_env.READ) & set(horovod_no_effect.NO_EFFECT)
+    assert NO_MECHANISM["autotune"] == "no autotuner; set --fusion-threshold-mb yourself"
+    note = read({"HOROVOD_AUTOTUNE": "1"}).notes[0]
+    assert note == ("trainrun: HOROVOD_AUTOTUNE has no effect: no autotuner; set HOROVOD_FUSION_THRESHOLD (or "
+                    "TRAINRUN_FUSION_THRESHOLD) yourself")
+    for dest, why in NO_MECHANISM.items():
+        assert horovod_no_effect.verdict(OPTION_VARS[dest]).why in why

@@ -16,8 +16,10 @@ is dropped (diagnosis must never block training):
                                launcher takes every rank's stack and ends the job naming them,
                                unless a raising rank makes progress again soon after (it caught
                                the error and the absent rank came back: supervisor/job.py)
-    perf WALL WAIT COLL LAST STEPS   every diag/perf.WINDOW_S: the window's collectives, for straggler
-                               detection (supervisor/straggler.py); diag/perf.py says what each field is
+    perf WALL WAIT COLL LAST STEPS BEFORE BYTES RSS GPU
+                               every diag/perf.WINDOW_S: the window's collectives, time and memory (9
+                               fields), for straggler detection and the live view (supervisor/straggler.py,
+                               supervisor/monitor.py); diag/perf.py says what each field is
     stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
                                round completed meanwhile: some peer's engine takes no part at all (it is
                                stopped, exited, in MPI_Finalize, or hung outside trainrun), a wait that
@@ -32,7 +34,10 @@ may legitimately take long; its size is read from the waiting thread's frames on
 
 The StallError notice wraps StallError.__init__ (the runtime raises it from its engine), so the runtime
 itself needs no change beyond the install call. Outside a trainrun launch (no TRAINRUN_DIAG_FD) install()
-does nothing: SIGUSR2 keeps its default meaning.
+does nothing: SIGUSR2 keeps its default meaning. The pipe's name and the stack-file directory
+(TRAINRUN_DIAG_FD, TRAINRUN_STACKS_DIR) come from the runtime's settings (runtime/horovod_env.py), which
+init() hands to install(); this module reads no environment. The engines it watches are the current
+session's (runtime/context.RUNTIME), looked up at each look, so a later init's are watched too.
 """
 from __future__ import annotations
 
@@ -44,16 +49,21 @@ import stat
 import tempfile
 import threading
 import time
+from typing import TYPE_CHECKING
 
-ENV = "TRAINRUN_DIAG_FD"
-STACKS_DIR_ENV = "TRAINRUN_STACKS_DIR"  # diag/stacks.STACKS_DIR_ENV (not imported: a rank need not load that module)
+if TYPE_CHECKING:
+    from trainrun.runtime.engine import Engine
+
+ENV = "TRAINRUN_DIAG_FD"  # (read by runtime/horovod_env.py; the launcher sets it: supervisor/local.py)
 PROGRESS_EVERY_S = 1.0
 SLOWEST_TRANSFER_BPS = 10e6  # bytes/s: a transfer slower than this counts as stuck (1 GbE moves ~100e6)
 STUCK_OTHER_FACTOR = 4
 
+# Process-wide, not per session, on purpose: the diag pipe is an fd the process inherited, the faulthandler
+# registration on SIGUSR2 and the diag thread are the process's, and they outlive shutdown() and a later
+# init() (which finds them installed). Written once, by the first install().
 _fd: int | None = None
 _installed = False
-_engine = None  # the engine whose progress is reported (the latest init's)
 
 
 def diag_fd(value: str | None) -> int | None:
@@ -82,24 +92,23 @@ def send(line: str) -> None:
         pass
 
 
-def install(engine=None) -> None:
-    """Register the faulthandler fallback, announce it, report progress of `engine` (anything with a
-    `reductions` count) and StallErrors. Idempotent; never raises."""
-    global _fd, _installed, _engine
-    if engine is not None and hasattr(engine, "reductions"):
-        _engine = engine
+def install(pipe: str | None, stacks_dir: str | None, rank: int) -> None:
+    """On the diag pipe named `pipe` (TRAINRUN_DIAG_FD's "FD:INODE"; None, or not really open here: nothing
+    is installed), register the faulthandler fallback writing to a file in `stacks_dir` (None: the temporary
+    directory) named after `rank`, announce it, and report the session's progress, windows, stuck waits and
+    StallErrors. Idempotent (the first call's pipe counts: it is the process's); never raises."""
+    global _fd, _installed
     if _installed:
         return
     _installed = True
-    _fd = diag_fd(os.environ.get(ENV))
+    _fd = diag_fd(pipe)
     if _fd is None:
         return
     try:
         os.set_blocking(_fd, False)
-        rank = os.environ.get("RANK", "x")
         # in the job's directory on this host, which its owner removes after the ranks (diag/stacks.py): a
         # SIGKILLed rank never runs the atexit removal below; without one (no owner), the temporary directory
-        where = os.environ.get(STACKS_DIR_ENV) or None
+        where = stacks_dir
         handle, path = tempfile.mkstemp(prefix=f"trainrun-stacks-{rank}-", suffix=".txt", dir=where)
         f = os.fdopen(handle, "a")
         faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
@@ -130,7 +139,7 @@ def _watch_stalls() -> None:
         if line:  # (one the runtime raised: a program's own StallError says nothing; the launcher
             send(line)  # de-duplicates, and a program that recovered may stall again: every one is sent)
 
-    exceptions.StallError.__init__ = __init__
+    exceptions.StallError.__init__ = __init__  # type: ignore[method-assign]  # (wrapped on purpose: see above)
 
 
 def stall_line(error) -> str | None:
@@ -161,8 +170,9 @@ def _report_progress() -> None:
             stuck = None
         if stuck is not None:
             send(f"stuck {stuck}")
+        engine = _global_engine()
         try:
-            n = (id(_engine), _engine.reductions) if _engine is not None else None
+            n = (id(engine), engine.reductions) if engine is not None else None
         except Exception:  # an engine being torn down: try again next time
             continue
         if n is not None and n != last:
@@ -174,7 +184,7 @@ def _report_window(window):
     """Send a `perf` line (diag/perf.py) when the window begun at `window` is WINDOW_S old; the new window."""
     from trainrun.diag import perf
 
-    engine = _engine
+    engine = _global_engine()
     now = time.perf_counter_ns()
     counters = perf.read(engine, now) if engine is not None else None
     if counters is None:
@@ -189,7 +199,15 @@ def _report_window(window):
     return id(engine), counters
 
 
-def _engines() -> list:
+def _global_engine() -> Engine | None:
+    """The current session's engine of the global set (whose progress and windows are reported), if any."""
+    from trainrun.runtime.context import RUNTIME
+
+    session = RUNTIME.session
+    return session.engines.get(0) if session is not None else None
+
+
+def _engines() -> list[Engine]:
     """This rank's engines (the global set's and its process sets'), none outside a session."""
     from trainrun.runtime.context import RUNTIME
 

@@ -7,11 +7,17 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Mapping
 
 from trainrun.agent.wire import FrameReader, frame
 from trainrun.elastic import protocol
 
 
+# Process-wide, not per session, on purpose: the control channel is an fd the process inherited
+# (TRAINRUN_CTL_FD), and one socket object per fd must serve every State for the process's life (a second
+# one would close the fd when collected), whatever init()/shutdown() do. That is also why TRAINRUN_CTL_FD is
+# read here, not through the runtime's settings (runtime/horovod_env.py lists it): a State may be made
+# before init().
 _clients: dict[int, ControlClient] = {}
 
 
@@ -27,7 +33,7 @@ class ControlClient:
         self._replies: list[tuple[bytes, bytes]] = []
 
     @classmethod
-    def from_env(cls, environ=os.environ) -> ControlClient | None:
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ControlClient | None:
         """The process's one client for TRAINRUN_CTL_FD (shared by every State: a second socket object on the
         same fd would close it when collected), or None outside an elastic trainrun job."""
         fd = environ.get("TRAINRUN_CTL_FD")

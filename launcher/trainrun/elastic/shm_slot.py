@@ -32,6 +32,7 @@ import os
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 MAGIC = b"TRNSTAT1"
 VERSION = 1
@@ -47,13 +48,22 @@ NO_KEY = (-1, -1)
 # Test hook (tests/elastic/test_commit_shm.py): "stall:A:C" makes write() of key (A, C) stop for good between
 # the payload and the header, so a test can SIGKILL the writer exactly there.
 HOOK_ENV = "TRAINRUN_TEST_COMMIT_HOOK"
-_HOOK = os.environ.get(HOOK_ENV)  # read once: a rank's environment does not change
+# read once, at import: a test hook of a module both sides use (the launcher's has no runtime settings);
+# runtime/horovod_env.py lists it among the variables read outside its Settings
+_HOOK = os.environ.get(HOOK_ENV)
 _DONE_SEQ = struct.Struct("<QQ")
 
-try:
-    import xxhash as _xxhash
-except ImportError:  # pragma: no cover - depends on the installation
-    _xxhash = None
+
+def _import_xxhash() -> Any:
+    """The xxhash module, or None where it is not installed (zlib.crc32 then)."""
+    try:
+        import xxhash
+    except ImportError:  # pragma: no cover - depends on the installation
+        return None
+    return xxhash
+
+
+_xxhash = _import_xxhash()
 
 
 class SegmentError(RuntimeError):
@@ -217,7 +227,7 @@ class Segment:
         self._wrote = None
         algorithm = best_algorithm()
         # xxh3's own object where there is one: its update() is called per MiB, without a wrapper's call
-        hasher = _xxhash.xxh3_64() if algorithm == XXH3 else _Hasher(algorithm)
+        hasher: Any = _xxhash.xxh3_64() if algorithm == XXH3 else _Hasher(algorithm)
         start = DATA_START + slot * self.capacity
         packed.write_into(self.buf[start:start + packed.size], hasher)
         csum = hasher.intdigest() if algorithm == XXH3 else hasher.value()

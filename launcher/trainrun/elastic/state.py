@@ -26,8 +26,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from trainrun.elastic import protocol
+
+if TYPE_CHECKING:
+    from trainrun.runtime.horovod_env import Settings
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -40,14 +44,22 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 def restart_count() -> int:
-    """How many times the launcher restarted this job (0 in the first attempt)."""
-    return int(os.environ.get("TRAINRUN_RESTART_COUNT", "0"))
+    """How many times the launcher restarted this job (0 in the first attempt): TRAINRUN_RESTART_COUNT, read
+    at init (runtime/horovod_env.py); ValueError before init."""
+    return _settings().restart_count
 
 
 def _runtime():
     import trainrun.runtime as rt
 
     return rt
+
+
+def _settings() -> Settings:
+    """The runtime's settings (read once at init; ValueError before init)."""
+    from trainrun.runtime import lifecycle
+
+    return lifecycle.settings()
 
 
 class State:
@@ -75,8 +87,9 @@ class State:
         self._pending = None            # the host-update broadcast a commit started (acted on at the next)
         self._packer = None             # packing.Packer, made at the first save/commit
         self._keeper = None             # keeps the host's copy (local rank 0 of an elastic job); asked once
-        # the launcher says when it will never announce a host change (no elastic sizing): no check then
-        self._host_updates = os.environ.get("TRAINRUN_HOST_UPDATES") != "0"
+        # the launcher says when it will never announce a host change (no elastic sizing: TRAINRUN_HOST_UPDATES=0,
+        # a setting read at init): no check then. Asked at the first check (a State may be made before init).
+        self._host_updates: bool | None = None
 
     # what subclasses define
     def snapshot(self):
@@ -148,8 +161,14 @@ class State:
         if last > prev:
             raise HostsUpdatedInterrupt(skip_sync=not removed)
 
+    def _announced(self) -> bool:
+        """Whether the launcher may announce a host change to this rank (asked once, after init)."""
+        if self._host_updates is None:
+            self._host_updates = self._client is not None and _settings().host_updates
+        return self._host_updates
+
     def _check_pipelined(self) -> None:
-        if self._client is None or not self._host_updates:
+        if not self._announced():
             return
         rt = _runtime()
         pending, self._pending = self._pending, None
@@ -192,7 +211,7 @@ class State:
         """Raise HostsUpdatedInterrupt on every rank at once if the launcher said the hosts changed
         (rank 0's view is broadcast, so all ranks agree on where to stop). Nothing to check, and no
         collective, when the launcher will announce no change (TRAINRUN_HOST_UPDATES=0: no elastic sizing)."""
-        if self._client is None or not self._host_updates:
+        if not self._announced():
             return
         rt = _runtime()
         pending, self._pending = self._pending, None
@@ -226,7 +245,7 @@ class State:
         keys = [tuple(k) for k in rt.allgather_object(mine)]
         best = max(keys)
         root = keys.index(best) if best != protocol.NO_KEY else 0
-        data = np.empty(0, dtype=np.uint8)
+        data: np.ndarray = np.empty(0, dtype=np.uint8)
         if rt.rank() == root:
             data = (self._segment.payload(slot).copy() if best != protocol.NO_KEY
                     else packing.pack(self.snapshot()).to_array())

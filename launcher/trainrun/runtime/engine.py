@@ -14,8 +14,9 @@ threads (submit, run, wait, shutdown, abort) and to the diag thread. Each part o
   Background    background.py   the thread that drives while no caller does
   Meter         meter.py        straggler counters (diag/perf.py)
 
-The waiting policy (waiting.POLICY, TRAINRUN_WAIT) is given at construction to the parts that wait
-(Waiter, LoneOp, Background, and the backend's TransferWait).
+The waiting policy (the session's waiting.Policy, made from TRAINRUN_WAIT's setting at init) is given at
+construction to the parts that wait (Waiter, LoneOp, Background, and the backend's TransferWait); so is the
+straggler switch (`measure`, TRAINRUN_STRAGGLER) to the Meter. The engine reads no environment.
 
 Threads and ownership:
 - Any thread may `submit` Requests (gradient hooks do, in any order). Submission only queues.
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 import time
 
 from trainrun.runtime import timeline as tl
@@ -80,7 +82,7 @@ from trainrun.runtime.negotiation import SHUTDOWN_NAME, Coordinator
 from trainrun.runtime.ops import Handle, Request
 from trainrun.runtime.submissions import RequestQueue
 from trainrun.runtime.waiter import Waiter
-from trainrun.runtime.waiting import POLICY, Policy, TransferWait
+from trainrun.runtime.waiting import Policy, TransferWait
 
 _new_tuple = tuple.__new__
 
@@ -88,10 +90,11 @@ _new_tuple = tuple.__new__
 class Engine:
     def __init__(self, comm, rank: int, size: int, *, fusion_threshold: int, stall_timeout: float, cache_capacity: int = CAPACITY,
                  timeline_path: str | None = None, set_id: int = 0, ranks: list[int] | None = None,
-                 policy: Policy = POLICY):
+                 policy: Policy, measure: bool = True):
         """Collective over `comm` (duplicates it twice). Starts the background thread. `set_id` and
         `ranks` (global ranks of comm's members) name the process set it serves (process_sets.py);
-        `policy`: how its threads wait (waiting.py; the process's TRAINRUN_WAIT policy by default)."""
+        `policy`: how its threads wait (waiting.py; the session's, from TRAINRUN_WAIT); `measure`: keep the
+        straggler counters (meter.py; TRAINRUN_STRAGGLER)."""
         self.rank, self.size = rank, size
         self.set_id, self.ranks = set_id, list(range(size)) if ranks is None else ranks
         self.stall_timeout = stall_timeout
@@ -101,7 +104,7 @@ class Engine:
         # ranks fuse cached ops themselves: they must agree on the threshold, so rank 0's counts
         threshold, capacity = self._ctrl.bcast((fusion_threshold, cache_capacity), root=0)  # and cache ids
 
-        self.meter = Meter()
+        self.meter = Meter(measure)
         self._queue = queue = RequestQueue(size)
         transfer_wait = TransferWait(policy, lambda: queue.drivers)
         self._dispatch = dispatch = Dispatch(*open_planes(comm, rank, size, self._timeline, transfer_wait.wait),
@@ -201,7 +204,7 @@ class Engine:
         if self._driver.shutdown_ok:  # every rank is here, no round in flight: safe to use collectives and free
             if self._timeline is not None:
                 events = self._ctrl.gather(self._timeline.events, root=0)
-                if self.rank == 0:
+                if self.rank == 0 and self._timeline_path is not None:  # (set whenever there is a timeline)
                     tl.write(self._timeline_path, events)
             self._dispatch.close()
             self._driver.close()
@@ -274,6 +277,7 @@ def _lone_ops() -> list[str]:
     from their frames (LoneOp.run's `meta`), for the stuck watchdog only."""
     code = LoneOp.run.__code__
     out = []
+    frame: FrameType | None
     for frame in sys._current_frames().values():
         while frame is not None:
             if frame.f_code is code:

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 
 _BLOCK_LIMIT = 1 << 31  # an hindexed block length is a C int
 _CACHED = 32  # layouts kept (each holds an MPI datatype)
 
+# Process-wide, not per session, on purpose: the datatypes and the COMM_SELF duplicate are MPI objects, which
+# live as long as MPI (once per process: init()/shutdown() neither start nor end it), and the addresses they
+# cover are the tensors', not a session's; a new session reuses a training loop's layouts.
 _lock = threading.Lock()
-_layouts: OrderedDict = OrderedDict()
-_comm = None  # our duplicate of COMM_SELF, made at first use
+_layouts: OrderedDict[tuple, Any] = OrderedDict()
+_comm: Any = None  # our duplicate of COMM_SELF, made at first use
 
 
 def gather(blocks: tuple, dst: np.ndarray) -> bool:

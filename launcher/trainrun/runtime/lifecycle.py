@@ -8,23 +8,29 @@ Thin accessors over the one runtime object (context.RUNTIME) and the process-set
 fail fast rather than wait for it. A rank's shutdown also fails at once the others' ops it never joined
 ("rank N stopped: it left ... while rank M waited in allreduce 'x'"), so that a rank whose program ends
 early never leaves the others waiting.
-Settings come from the environment at init, TRAINRUN_* first, then Horovod's HOROVOD_* names (horovod_env.py:
-fusion threshold, response-cache capacity, stall timeout, timeline, log level); rank 0 prints, once per
-process, a line for each HOROVOD_* variable that has no effect here (and, at log level info, the settings).
-Everything else raises ValueError before init, as Horovod does.
+Settings come from the environment at init, read once by horovod_env.read (TRAINRUN_* first, then Horovod's
+HOROVOD_* names; its docstring lists every variable), and are handed down: the session (context.Session)
+makes the waiting policy and the engines from them, the bindings read theirs through `settings()`. A bad
+value fails init with ValueError naming the variable. Rank 0 prints, once per process, a line for each
+HOROVOD_* variable that has no effect here (and, at log level info, the settings). Everything else raises
+ValueError before init, as Horovod does.
 """
 from __future__ import annotations
 
 import atexit
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from trainrun.runtime import process_sets as _sets
 from trainrun.runtime import horovod_env, waiting
 from trainrun.runtime.context import RUNTIME, Session
 from trainrun.runtime.exceptions import StallError
 from trainrun.runtime.process_sets import ProcessSet, global_process_set  # noqa: F401 (ProcessSet: as before)
+from trainrun.runtime.process_sets import engine_of, register, registered, unregister
 from trainrun.runtime.topology import Topology
+
+if TYPE_CHECKING:
+    from trainrun.runtime.engine import Engine
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -49,14 +55,15 @@ def init(comm=None, process_sets=None) -> None:
         if MPI.Query_thread() < MPI.THREAD_SERIALIZED:
             raise RuntimeError("trainrun needs MPI initialized with at least MPI_THREAD_SERIALIZED "
                                "(mpi4py's default is MULTIPLE; check mpi4py.rc.thread_level)")
-        waiting.POLICY.set_mode(os.environ.get(waiting.ENV, ""))  # ValueError naming a bad TRAINRUN_WAIT
-        session = Session(topology.from_mpi(comm), comm, horovod_env.read(os.environ))
+        settings = horovod_env.read(os.environ)  # the rank side's one read (ValueError naming a bad variable)
+        session = Session(topology.from_mpi(comm), comm, settings)
         engine = session.start_engine(comm, 0, list(range(session.topology.size)))
         if session.topology.rank == 0:
             _report_settings(session.settings, engine)
         session.sets[0] = global_process_set
         RUNTIME.session = session
-        rankhook.install(engine)  # stacks without ptrace, progress and stalls for the launcher (diag/)
+        # stacks without ptrace, progress and stalls for the launcher (diag/)
+        rankhook.install(settings.diag_fd, settings.stacks_dir, session.topology.rank)
         if not RUNTIME.exit_hooked:  # registered after mpi4py's own, so it runs before MPI_Finalize
             atexit.register(_at_exit)
             sys.excepthook = _noting_crash(sys.excepthook)
@@ -65,7 +72,7 @@ def init(comm=None, process_sets=None) -> None:
         add_process_set(ps)
 
 
-def _report_settings(settings: horovod_env.Settings, engine) -> None:
+def _report_settings(settings: horovod_env.Settings, engine: Engine) -> None:
     """Rank 0, at the first init of this process: the HOROVOD_* variables that have no effect (unless the log level
     is error or fatal), and at level info or below the settings the engine runs with (rank 0's, which all use)."""
     if RUNTIME.settings_reported:
@@ -83,11 +90,15 @@ def _report_settings(settings: horovod_env.Settings, engine) -> None:
 
 def shutdown() -> None:
     """Collective; fails outstanding handles; init() may be called again afterwards."""
-    engines = RUNTIME.take_engines()
+    session = RUNTIME.take_session()
+    if session is None:
+        return
+    engines = session.shutdown_order()
     for engine in engines:  # every engine's at once (Engine.begin_shutdown), then wait for each
         engine.begin_shutdown()
     for engine in engines:
         engine.shutdown()
+    session.close()
 
 
 def _noting_crash(previous):
@@ -119,7 +130,8 @@ def _at_exit() -> None:
     """Normal exit: collective shutdown. Exit after an unhandled exception: abort, so the other ranks
     fail fast (HorovodInternalError naming this rank) instead of waiting for the stall timeout."""
     if RUNTIME.crashed:
-        for engine in RUNTIME.take_engines():
+        session = RUNTIME.take_session()
+        for engine in session.shutdown_order() if session is not None else []:
             engine.abort("it exited with an unhandled exception")
     else:
         shutdown()
@@ -130,10 +142,10 @@ def is_initialized() -> bool:
 
 
 # ---- process sets (process_sets.py) ----
-add_process_set = _sets.register
-remove_process_set = _sets.unregister
-process_sets = _sets.registered
-engine = _sets.engine_of  # the engine that runs ops on a process set (default: the global one) here
+add_process_set = register
+remove_process_set = unregister
+process_sets = registered
+engine = engine_of  # the engine that runs ops on a process set (default: the global one) here
 
 # ---- handles: ints, as in Horovod; shared by the NumPy and framework layers (handles.py) ----
 # (the table's own methods, not wrappers: one call less per async op)
@@ -149,8 +161,18 @@ def topology() -> Topology:
 
 
 def settings() -> horovod_env.Settings:
-    """What the runtime runs with (read from the environment once, at init)."""
+    """What the runtime runs with (read from the environment once, at init: horovod_env.py)."""
     return RUNTIME.current().settings
+
+
+def gpu_operations() -> str:
+    """'nccl' or 'mpi': how this session reduces CUDA tensors (context.Session.gpu_operations)."""
+    return RUNTIME.current().gpu_operations()
+
+
+def wait_policy() -> waiting.Policy:
+    """The session's waiting policy (TRAINRUN_WAIT's mode; a benchmark switches it with `set_mode`)."""
+    return RUNTIME.current().policy
 
 
 def size() -> int: return topology().size

@@ -2,18 +2,17 @@
 thread reads (diag/perf.py, once per window, without locks); the torch optimizer adds its steps.
 
 A perf_counter_ns pair per blocking wait and a few int operations per round; `on` False (the
-TRAINRUN_STRAGGLER=0 flag, or a benchmark's A/B) stops the timing, not the step count.
+TRAINRUN_STRAGGLER=0 setting, which the engine is given at construction, or a benchmark's A/B) stops the
+timing, not the step count.
 """
 from __future__ import annotations
-
-import os
 
 
 class Meter:
     __slots__ = ("on", "wait_ns", "waits", "collectives", "last", "steps", "step_end", "before_ns", "reduced_bytes")
 
-    def __init__(self, on: bool | None = None):
-        self.on = os.environ.get("TRAINRUN_STRAGGLER", "1") != "0" if on is None else on
+    def __init__(self, on: bool):
+        self.on = on
         self.wait_ns = 0        # time user threads spent blocked in this engine's collectives
         self.waits = 0          # blocking waits (wait_all, lone ops)
         self.collectives = 0    # cached ops run (each op of a fused batch counts)

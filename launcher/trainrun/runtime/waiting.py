@@ -9,7 +9,9 @@ help: it busy-polls in its progress loop (scripts/bench_wait.py: the CPU time of
 2 ms late equals the wait), so "blocking" here means MPI_Test between sleeps, or a condition
 variable where another thread of ours completes the wait (completion.Completion.sleep).
 
-Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
+Contract (one Policy per session, made at init from the settings' wait_mode, TRAINRUN_WAIT: horovod_env.py
+reads it, context.Session holds the Policy and hands it to every engine it makes; nothing here reads the
+environment or holds a policy at import):
 - `spin(age_s, budget_s)`: may a waiter that has waited `age_s` since its last progress keep
   polling? `decide` says, from the mode and a load sample:
     spin  -- age_s < budget_s (the behaviour before this policy: spin for the budget, then back off);
@@ -25,7 +27,8 @@ Contract (one Policy per process, POLICY, from TRAINRUN_WAIT):
 - `TransferWait(policy, blocked).wait`: the wait an engine gives its MPI backend when it makes it: the
   policy's wait_request in a caller's thread; in the engine's background thread, polls that yield the
   CPU while nobody is blocked on the engine. The engine's parts get the policy at construction too
-  (Engine(policy=POLICY)); nothing swaps a part's wait later.
+  (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
+  parts ask, for a benchmark's same-process A/B).
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
   this one included) against the CPUs this process may run on (os.sched_getaffinity), read at most
   every SAMPLE_S (a pread of an open file, a few microseconds). Host-wide: a job pinned to some cores
@@ -81,6 +84,7 @@ class HostLoad:
 
     def __init__(self, path: str = "/proc/loadavg"):
         self.cores = len(os.sched_getaffinity(0)) or 1
+        self._fd: int | None
         try:
             self._fd = os.open(path, os.O_RDONLY)
         except OSError:
@@ -102,12 +106,22 @@ class HostLoad:
         except (OSError, IndexError, ValueError):
             return 0
 
+    def close(self) -> None:
+        """Close the file; a later sample reads 0 (not oversubscribed)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
 
 class Policy:
     def __init__(self, mode: str = "auto", load: HostLoad | None = None):
         self.mode = mode_from(mode)
         self.load = load or HostLoad()
         self.spins = self.mode == "spin"  # the earlier behaviour, unchanged (callers branch on it)
+
+    def close(self) -> None:
+        """The session ended (its engines have shut down): release the load reader."""
+        self.load.close()
 
     def set_mode(self, mode: str) -> None:
         """Switch the mode at run time, from the next wait on (a benchmark's same-process A/B)."""
@@ -191,13 +205,3 @@ class TransferWait:
                 time.sleep(policy.sleep_s(age))
         policy.wait_request(request)  # someone is blocked on the engine: nothing else to run here
 
-
-def _from_env() -> Policy:
-    """The process's policy; a bad TRAINRUN_WAIT is reported by init (state.init: set_mode), not at import."""
-    try:
-        return Policy(os.environ.get(ENV, "auto"))
-    except ValueError:
-        return Policy("auto")
-
-
-POLICY = _from_env()

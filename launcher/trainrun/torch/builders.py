@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trainrun.runtime import adasum, api, requests as rq
-from trainrun.runtime.backends import nccl
+from trainrun.runtime import adasum, api, lifecycle, requests as rq
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, split_rows
 from trainrun.torch import flat
@@ -36,8 +35,10 @@ def _numpy_dtypes() -> dict:
     return out
 
 
-_NUMPY_DTYPES = _numpy_dtypes()
-_from_address = None  # mpi4py's MPI.buffer.fromaddress, bound at first use (importing mpi4py.MPI starts MPI)
+_NUMPY_DTYPES = _numpy_dtypes()  # a constant table (torch's and NumPy's dtypes do not change)
+# mpi4py's MPI.buffer.fromaddress, bound at first use (importing mpi4py.MPI starts MPI): process-wide, not
+# session state -- a function of the mpi4py module, the same for every session
+_from_address = None
 
 
 def flat_view(t: torch.Tensor):
@@ -59,8 +60,9 @@ def flat_view(t: torch.Tensor):
 
 
 def _nccl(t: torch.Tensor) -> bool:
-    """Whether `t` is reduced on its GPU with NCCL (else it is staged through host memory)."""
-    return t.is_cuda and nccl.gpu_operations() == "nccl"
+    """Whether `t` is reduced on its GPU with NCCL (else it is staged through host memory): the session's
+    choice (lifecycle.gpu_operations, decided at its first CUDA op from TRAINRUN_GPU_OPERATIONS' setting)."""
+    return t.is_cuda and lifecycle.gpu_operations() == "nccl"
 
 
 def _view(t: torch.Tensor):

@@ -16,7 +16,6 @@ gradients accumulate locally for k backward passes and are reduced once.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -108,8 +107,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._measured = None  # the engine whose step_end the last synchronize set (diag/perf.py)
         # as Horovod: one rank has nothing to average, unless the job is elastic (it may grow; also how
         # scripts/bench_gpu.py measures the GPU path on one GPU)
-        self._reduces = self._in_set and (self._set_size > 1 or "1" in (os.environ.get("TRAINRUN_ELASTIC"),
-                                                                        os.environ.get("HOROVOD_ELASTIC")))
+        # (settings.elastic: TRAINRUN_ELASTIC=1 or HOROVOD_ELASTIC=1, read at init)
+        self._reduces = self._in_set and (self._set_size > 1 or lifecycle.settings().elastic)
         if self._reduces:
             self._register_hooks(params)
 

@@ -49,10 +49,11 @@ def close(got, want, dtype, device=None):
 @case
 def path_in_use():
     """The path the test asked for is the one taken (the launcher sets "mpi" for --allow-gpu-sharing)."""
-    from trainrun.runtime.backends import nccl
+    from trainrun.runtime import lifecycle
     want = os.environ.get("EXPECT_GPU_OPERATIONS")
     if want:
-        assert nccl.gpu_operations() == want, f"GPU operations {nccl.gpu_operations()!r}, expected {want!r}"
+        got = lifecycle.gpu_operations()
+        assert got == want, f"GPU operations {got!r}, expected {want!r}"
     if dev().type == "cuda":
         torch.cuda.set_device(dev())
 

@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from trainrun.runtime.backends import mpi as B
 from trainrun.runtime.ops import Max, Min, Product, Sum
-from trainrun.runtime.waiting import POLICY
+from trainrun.runtime.waiting import Policy
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -20,7 +20,7 @@ def mine(r, n, dtype, seed):
 
 
 for persistent in (True, False):
-    backend = B.MPIBackend(comm, POLICY.wait_request)
+    backend = B.MPIBackend(comm, Policy().wait_request)
     backend._small._persistent = persistent  # the fallback, as with an MPI before 4.0 (every rank alike)
     cases = [(n, dtype, op) for n in (1, 3, 64, 1024, 2048) for dtype in (np.float32, np.float64, np.int32)
              for op in (Sum, Min, Max, Product)]

@@ -111,14 +111,12 @@ def shared_gpus(places: list[tuple[str, str]]) -> list[tuple[int, ...]]:
     return [tuple(ranks) for ranks in by_place.values() if len(ranks) > 1]
 
 
-def gpu_operations() -> str:
-    """'nccl' or 'mpi' for CUDA tensors: TRAINRUN_GPU_OPERATIONS (or HOROVOD_GPU_OPERATIONS), else
-    'nccl' when the library loads. 'mpi' stages CUDA tensors through host memory. Another HOROVOD_ value (a build
-    setting there: NCCL, DDL, ...) counts as unset; rank 0 says so at init (runtime/horovod_env.py)."""
-    horovod = os.environ.get("HOROVOD_GPU_OPERATIONS", "").strip().lower()
-    choice = os.environ.get("TRAINRUN_GPU_OPERATIONS", horovod if horovod in ("nccl", "mpi") else "").lower()
+def gpu_operations(choice: str) -> str:
+    """'nccl' or 'mpi' for CUDA tensors, given the settings' `choice` (horovod_env.Settings.gpu_operations:
+    'nccl', 'mpi', or '' for nccl when the library loads). 'mpi' stages CUDA tensors through host memory.
+    RuntimeError for 'nccl' where libnccl.so.2 does not load. (context.Session decides once per session.)"""
     if choice not in ("", "nccl", "mpi"):
-        raise ValueError(f"TRAINRUN_GPU_OPERATIONS={choice!r}: use 'nccl' or 'mpi'")
+        raise ValueError(f"GPU operations {choice!r}: use 'nccl' or 'mpi'")
     if choice == "nccl" and not available():
         raise RuntimeError("TRAINRUN_GPU_OPERATIONS=nccl but libnccl.so.2 was not found "
                            "(pip install nvidia-nccl-cu12, or set TRAINRUN_GPU_OPERATIONS=mpi)")
