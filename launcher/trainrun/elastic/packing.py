@@ -103,7 +103,7 @@ class Packed:
         hash_to(self.size)
 
     def to_array(self) -> np.ndarray:
-        out = np.empty(self.size, dtype=np.uint8)
+        out: np.ndarray = np.empty(self.size, dtype=np.uint8)
         self.write_into(out)
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
@@ -120,6 +121,8 @@ class _LearningRateSchedule:
     `staircase` the rate changes at each epoch's start (integer epochs), else every batch (epoch + the
     fraction of it done; `steps_per_epoch` defaults to what `fit` reports). `momentum_correction` is
     accepted (Horovod's applies to TF1 momentum optimizers only)."""
+
+    model: Any  # a mixin of the backend's Callback (made by `cls` below), whose fit sets the model
 
     def __init__(self, initial_lr: float, multiplier, start_epoch: int = 0, end_epoch: int | None = None,
                  staircase: bool = True, momentum_correction: bool = True, steps_per_epoch: int | None = None,

@@ -42,7 +42,7 @@ def check_dtype(dtype: str) -> None:
 
 def finish(gathered: np.ndarray, size: int, prescale: float, postscale: float, out: np.ndarray) -> np.ndarray:
     """Write into `out` the Adasum of the allgathered rows (gathered: size x n of the tensor's dtype)."""
-    rows = gathered.reshape(size, -1).astype(np.float64)
+    rows: np.ndarray = gathered.reshape(size, -1).astype(np.float64)
     if prescale != 1.0:
         rows *= prescale
     result = combine(rows)

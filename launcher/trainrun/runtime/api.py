@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,10 +20,13 @@ from trainrun.runtime.context import RUNTIME
 from trainrun.runtime.fusion import dtype_name
 from trainrun.runtime.ops import Adasum, Average, split_rows
 
+if TYPE_CHECKING:
+    from trainrun.runtime.engine import Engine
+
 _DTYPE, _SHAPE, _SIZE = attrgetter("dtype"), attrgetter("shape"), attrgetter("size")
 
 
-def submit(op, eng) -> int:
+def submit(op, eng: Engine) -> int:
     """Start `op` = (Requests, finalize) on engine `eng` (lifecycle.engine(process_set)) and return its
     handle; `finalize(results)` makes what synchronize returns. An unnamed op holds its name's slot
     until it is synchronized (context.Session.next_name)."""
@@ -43,14 +47,14 @@ def hold(reqs):
     return token
 
 
-def run(op, eng):
+def run(op, eng: Engine):
     """Run `op` = (Requests, finalize) on `eng` to completion in the calling thread (no hand-off to
     the engine's)."""
     reqs, finalize = op
     return finalize(eng.run(reqs))
 
 
-def root_in(eng, root_rank) -> int:
+def root_in(eng: Engine, root_rank: int) -> int:
     """A broadcast's root (a global rank, as in Horovod) as a rank of `eng`'s process set."""
     if eng.set_id == 0:
         return root_rank

@@ -9,6 +9,8 @@ joined rank for join) or raises; the engine turns either into handle completions
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 from itertools import accumulate
 
 import numpy as np
@@ -46,15 +48,18 @@ class MpiCollectives:
     def _clock(self) -> float:
         return self.timeline.now() if self.timeline is not None else 0.0
 
-    def execute(self, kind: str, names: list[str], reqs: list[Request | None], info) -> list:
+    def execute(self, kind: str, names: list[str], reqs: list[Request | None], info: Any) -> list:
+        """Run one response (`info`: the coordinator's, by kind: negotiation.py's table)."""
         if kind == "allreduce":
             return self.allreduce(names, reqs, info)
         (req,) = reqs
         t0 = self._clock()
+        result: Any = None
         if req is None:  # this rank has joined: it takes part without data (negotiation.Absent)
-            result = self.absent(kind, info)
+            self.absent(kind, info)
         elif kind == "allgather":
-            result = self.allgather(req, info.dims if info.__class__ is Absent else info)
+            # (info: the first dims per rank, or an Absent holding them while a rank that joined lacks the op)
+            result = self.allgather(req, getattr(info, "dims", info))
         elif kind == "broadcast":
             result = self.broadcast(req)
         elif kind == "alltoall":
@@ -63,11 +68,9 @@ class MpiCollectives:
             result = self.reducescatter(req)
         elif kind == "barrier":
             self.backend.barrier()
-            result = None
         elif kind == "join":
             result = info
-        else:  # shutdown: nothing to move
-            result = None
+        # (shutdown: nothing to move)
         self._span(names, kind.upper(), t0)
         return [result]
 
@@ -92,8 +95,10 @@ class MpiCollectives:
         None for a rank that joined (it adds zeros).
         Packed with one concatenate; reduced in place in the group's own fused output when it has
         one (nothing to unpack), else in the fusion buffer and copied out."""
+        shapes: Sequence[tuple]
         if req is None:
             j = joined_info
+            assert j is not None, "a rank without the group's request has joined: the coordinator sends JoinedInfo"
             dtype, op, pre, post, shapes = j.dtype, j.op, j.prescale, j.postscale, j.shapes
         else:
             dtype, op, pre, post, shapes = req.dtype, req.op, req.prescale, req.postscale, req.shape
@@ -150,6 +155,7 @@ class MpiCollectives:
             counts = [r.inp.size for r in reqs]
         else:
             j = joined_info
+            assert j is not None, "a rank without the op's request has joined: the coordinator sends JoinedInfo"
             dtype, op, pre, post = j.dtype, j.op, j.prescale, j.postscale
             counts = [math.prod(s) for s in j.shapes]
         red_op, post = sum_then_scale(op, post, self.size)
@@ -206,8 +212,10 @@ class MpiCollectives:
         submit because it has joined."""
         item = storage_dtype(info.dtype).itemsize * math.prod(info.shape[1:] if kind == "allgather" else info.shape)
         if kind == "allgather":
-            out = np.empty(sum(info.dims) * item, dtype=np.uint8)
-            self.backend.allgatherv(np.empty(0, np.uint8), out, [d * item for d in info.dims])
+            dims = info.dims
+            assert dims is not None, "an allgather's Absent carries the first dims"
+            out = np.empty(sum(dims) * item, dtype=np.uint8)
+            self.backend.allgatherv(np.empty(0, np.uint8), out, [d * item for d in dims])
         else:
             self.backend.bcast(np.empty(item, dtype=np.uint8), info.root)
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from trainrun.runtime import rounds
 from trainrun.runtime.cache import ResponseCache
 from trainrun.runtime.completion import Completion
 from trainrun.runtime.dispatch import Dispatch
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError
-from trainrun.runtime.messages import Response
+from trainrun.runtime.messages import Meta, Response
 from trainrun.runtime.meter import Meter
 from trainrun.runtime.negotiation import Coordinator
 from trainrun.runtime.ops import GROUP, Request
@@ -140,6 +141,7 @@ class Driver:
         """Rank 0: a phase is due to match cached ops the coordinator holds elsewhere, to pull ops
         that are ready on some ranks only for a tick (their stall clock starts there), or to check stalls."""
         coord = self._coord
+        assert coord is not None, "only rank 0, which has the coordinator, asks"
         since = self._partial_since
         if since is not None and (coord.pending() or time.monotonic() - since >= self._tick):
             return True
@@ -185,7 +187,7 @@ class Driver:
             self._negotiated(reqs)
             finish(reqs, reduce([r.name for r in reqs], reqs))
 
-    def _negotiated(self, reqs: list[Request | None]) -> None:
+    def _negotiated(self, reqs: Sequence[Request | None]) -> None:
         if self._timeline is not None:
             now = self._timeline.now()
             for r in reqs:
@@ -195,8 +197,8 @@ class Driver:
     def _phase(self) -> None:
         """Every rank announces all it has not announced yet (cached ops as their ids); rank 0's
         coordinator answers; every rank runs the answer. Two blocking collectives: every rank is here."""
-        items = [r.meta() for r in self._fresh]
-        items += self._bycid
+        items: list[Meta | int] = [r.meta() for r in self._fresh]
+        items += self._bycid  # (cached ops as their ids)
         announced = self._announced
         for r in self._fresh:
             announced[r.name] = r
@@ -231,6 +233,7 @@ class Driver:
         announced, dispatch, completion = self._announced, self._dispatch, self._completion
         for kind, names, info, error in responses:
             if kind == "abort":
+                assert error is not None, "an abort response carries its reason"
                 self._queue.close()
                 self.fail_all(HorovodInternalError(
                     f"trainrun: {error.message}; collectives cannot complete (trainrun is shut down on this rank)"))
@@ -244,9 +247,10 @@ class Driver:
             self._negotiated(reqs)
             if kind == "allreduce":
                 req = reqs[0]
-                if info is None:  # no join in effect: every rank has every request
-                    self._cache.add(reqs)
-                    completion.finish_reduced(reqs, dispatch.reduce(names, reqs))
+                if info is None:  # no join in effect: every rank has every request (none is None)
+                    every = cast("list[Request]", reqs)
+                    self._cache.add(every)
+                    completion.finish_reduced(every, dispatch.reduce(names, every))
                     continue
                 if (req is not None and req.splits == GROUP) or len(info.shapes) != len(names):
                     # a group: one fused reduction (zeros for all its tensors on a rank that has joined)

@@ -114,7 +114,7 @@ def pack(src: np.ndarray, dtype: str, dst: np.ndarray, scale: float) -> None:
         np.multiply(src, np.float32(scale), out=dst, dtype=np.float32)  # (not in float16: NumPy would
         np.copyto(dst, dst.astype(np.float16))                          # round the factor to half too)
     elif dtype == "bfloat16":
-        halves = dst.view(np.uint16)  # little-endian: the bf16 bits are the high half of each float32
+        halves: np.ndarray = dst.view(np.uint16)  # little-endian: the bf16 bits are the high half of each float32
         halves[0::2] = 0
         halves[1::2] = src
         if scale != 1.0:
@@ -133,7 +133,7 @@ def unpack(src: np.ndarray, dtype: str, dst: np.ndarray, scale: float) -> None:
     if scale != 1.0:
         np.multiply(src, scale, out=src, casting="unsafe")
     if dtype == "bfloat16":
-        bits = src.view(np.uint32)
+        bits: np.ndarray = src.view(np.uint32)
         bits += ((bits >> 16) & 1) + 0x7FFF
         np.copyto(dst, src.view(np.uint16)[1::2])
     else:

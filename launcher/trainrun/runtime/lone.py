@@ -97,5 +97,6 @@ class LoneOp:
                 raise HorovodInternalError(f"trainrun engine failed: {type(e).__name__}: {e}") from e
         finally:
             self._drive.release()
+        assert req is not None, "adopted: the caller's request, or the one made for it above"
         self._wait_all([req.handle])
         return True

@@ -15,7 +15,7 @@ as plain tuples, so they cost what tuples cost on the wire and as dict keys).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Meta(NamedTuple):
@@ -65,5 +65,5 @@ class OpFailure(NamedTuple):
 class Response(NamedTuple):
     kind: str          # an op kind, "error" or "abort"
     names: list
-    info: object       # per kind: see negotiation.py
+    info: Any          # per kind (ranks per name, first dims, JoinedInfo, Absent, ...): see negotiation.py
     error: OpFailure | None

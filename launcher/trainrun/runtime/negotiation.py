@@ -150,11 +150,11 @@ class Coordinator:
             if first.kind == "allreduce" and all(m == first for m in metas):
                 del self._table[name], self._first[name]
                 self._ready.clear()
-                out = [Response("allreduce", [name], None, None)]
+                one = [Response("allreduce", [name], None, None)]
                 if self._first:
-                    out.extend(self._left_behind())
-                    out.extend(self._stalls())
-                return out
+                    one.extend(self._left_behind())
+                    one.extend(self._stalls())
+                return one
         out: list[Response] = []
         fuser = Fuser(self.fusion_threshold)  # items: metas
         for name in self._ready:

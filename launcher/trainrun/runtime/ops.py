@@ -9,6 +9,7 @@ dim 0 (`split_rows`).
 from __future__ import annotations
 
 import warnings
+from typing import Any, Union
 
 import numpy as np
 
@@ -20,6 +21,12 @@ OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "
 GROUP = "group"  # Request.splits of a group of allreduces (see Request)
 KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join", "shutdown", "abort")
 _new_tuple = tuple.__new__
+
+# A Request's input or output storage, by what it is (see Request): a flat contiguous NumPy array; a group's
+# list of arrays; a flat torch CUDA tensor (device "cuda"). Any: the engine does not look inside.
+Storage = Any
+# Request.splits: alltoall's send counts, GROUP for a group, else None
+Splits = Union[tuple, str, None]
 
 
 def sum_then_scale(op: int, postscale: float, size: int) -> tuple[int, float]:
@@ -67,18 +74,18 @@ class Request:
     __slots__ = ("kind", "name", "inp", "out", "shape", "dtype", "op", "prescale", "postscale", "root",
                  "splits", "device", "ready", "handle", "submitted", "fused", "_meta", "cid")
 
-    def __init__(self, kind: str, name: str, inp: np.ndarray | None = None, out: np.ndarray | None = None,
+    def __init__(self, kind: str, name: str, inp: Storage = None, out: Storage = None,
                  shape: tuple = (), dtype: str = "", op: int = Sum, prescale: float = 1.0,
-                 postscale: float = 1.0, root: int = -1, splits: tuple | None = None, device: str = "cpu",
+                 postscale: float = 1.0, root: int = -1, splits: Splits = None, device: str = "cpu",
                  ready=None):
         self.kind, self.name, self.inp, self.out, self.shape, self.dtype = kind, name, inp, out, shape, dtype
         self.op, self.prescale, self.postscale, self.root, self.splits = op, prescale, postscale, root, splits
         self.device, self.ready = device, ready
         self.handle = Handle(name)
         self.submitted = 0.0  # timeline only
-        self._meta = None
-        self.cid = None  # its id in the engine's response cache, once looked up there
-        self.fused = None  # a group's output buffer, when its outputs are views of one (see above)
+        self._meta: Meta | None = None
+        self.cid: int | None = None  # its id in the engine's response cache, once looked up there
+        self.fused: np.ndarray | None = None  # a group's output buffer, when its outputs are views of one (see above)
 
     def meta(self) -> Meta:
         """What is sent to the coordinator (small, picklable, compared across ranks); made once.

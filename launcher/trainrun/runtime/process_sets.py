@@ -15,7 +15,12 @@ changed: its ranks are read from the session (none before init).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from trainrun.runtime.context import RUNTIME, NOT_INIT
+
+if TYPE_CHECKING:
+    from trainrun.runtime.engine import Engine
 
 
 class ProcessSet:
@@ -121,10 +126,11 @@ def unregister(process_set: ProcessSet) -> bool:
 def registered() -> list[ProcessSet]:
     """Every registered process set, by id (the global one first)."""
     session = RUNTIME.session
-    return [session.sets[i] for i in sorted(session.sets)] if session is not None else []
+    # (the session holds them as RegisteredSet, what it needs of them: they are the ProcessSets registered here)
+    return cast("list[ProcessSet]", [session.sets[i] for i in sorted(session.sets)] if session is not None else [])
 
 
-def engine_of(process_set: ProcessSet | None = None):
+def engine_of(process_set: ProcessSet | None = None) -> Engine:
     """The engine that runs ops on `process_set` (default: the global set) on this rank."""
     session = RUNTIME.session
     if process_set is None or process_set is global_process_set:
@@ -135,11 +141,12 @@ def engine_of(process_set: ProcessSet | None = None):
         raise ValueError(f"process_set must be a ProcessSet, not {type(process_set).__name__}")
     if session is None:
         raise ValueError(NOT_INIT)
-    engine = session.engines.get(process_set.process_set_id)
+    set_id, ranks = process_set.process_set_id, process_set.ranks
+    engine = session.engines.get(set_id) if set_id is not None else None
     if engine is None:
-        if session.sets.get(process_set.process_set_id) is not process_set:
+        if set_id is None or session.sets.get(set_id) is not process_set:
             raise ValueError(f"{process_set!r} is not a registered process set (init(process_sets=...) or "
                              "add_process_set())")
-        raise ValueError(f"rank {session.topology.rank} is not in process set {process_set.process_set_id} "
-                         f"(ranks {process_set.ranks}): only its members may use it")
+        raise ValueError(f"rank {session.topology.rank} is not in process set {set_id} "
+                         f"(ranks {ranks}): only its members may use it")
     return engine

@@ -21,7 +21,7 @@ ALIGN = 64
 
 def aligned(nbytes: int) -> np.ndarray:
     """A fresh uint8 array of `nbytes` whose data starts on an ALIGN boundary."""
-    raw = np.empty(nbytes + ALIGN, np.uint8)
+    raw: np.ndarray = np.empty(nbytes + ALIGN, np.uint8)
     off = (-raw.__array_interface__["data"][0]) % ALIGN  # (cheaper than .ctypes.data)
     return raw[off:off + nbytes]
 

@@ -23,7 +23,7 @@ def _broadcast_arrays(arrays, root_rank, names, process_set) -> list:
 
 
 def _var_name(v) -> str:
-    return getattr(v, "path", None) or getattr(v, "name", "var")
+    return str(getattr(v, "path", None) or getattr(v, "name", "var"))
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False,

@@ -254,7 +254,8 @@ def _in_order(thunks) -> list:
     run only after the previous one's results exist. Independent collectives in one graph otherwise run
     in whatever order TF's executor picks on each rank, each blocking an inter-op thread until the
     other ranks reach it: more of them than threads can wait on each other for good."""
-    outs, after = [], []
+    outs: list = []
+    after: list = []
     for thunk in thunks:
         if after and not _eager():
             with tf.control_dependencies(after):

@@ -132,6 +132,8 @@ class _DistributedGradientTape:
     gradients of sources registered as local (register_local_source, PartialDistributedGradientTape),
     which stay this rank's own (divided by the set size with scale_local_gradients, as Horovod)."""
 
+    _trainrun_local: set[int]  # ids of the local sources, set where the tape is made (below)
+
     def register_local_source(self, source) -> None:
         """Keep `source`'s gradient on this rank (no collective for it)."""
         self._trainrun_local.add(id(source))  # (Keras 3 variables have no .ref(); a registered source lives on)

@@ -15,7 +15,7 @@ from trainrun.tensorflow.mpi_ops import _set_rank, allreduce, grouped_allreduce
 
 def grads_name(prefix: str, variables) -> str:
     """A name for the gradients of `variables`: the same on every rank and every step."""
-    names = "\0".join(getattr(v, "path", None) or getattr(v, "name", str(i)) for i, v in enumerate(variables))
+    names = "\0".join(str(getattr(v, "path", None) or getattr(v, "name", i)) for i, v in enumerate(variables))
     return f"{prefix}.{len(variables)}.{hashlib.sha1(names.encode()).hexdigest()[:16]}"
 
 

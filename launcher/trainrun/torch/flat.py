@@ -33,7 +33,8 @@ def pack(tensors: list, in_place: bool, out=None):
     if not tensors:
         return None
     dtype = tensors[0].dtype
-    addresses, lengths = ([], []) if in_place else (None, None)
+    addresses: list[int] | None = [] if in_place else None  # (None once a tensor is not contiguous)
+    lengths: list[int] = []
     for t in tensors:
         if not t.is_cpu or t.dtype is not dtype:
             return None

@@ -39,9 +39,8 @@ def reexport(name: str, target: str, probes: bool = False) -> None:
     values = {n: getattr(source, n) for n in public}
     if probes:
         values = {**{n: v for n, v in _probes().items() if not hasattr(source, n)}, **values}
-    vars(module).update(values)
-    module.__all__ = sorted(values)
-    module.__trainrun__ = target
+    # (through the module's namespace: these names are made here, not declared on ModuleType)
+    vars(module).update(values, __all__=sorted(values), __trainrun__=target)
     is_package = hasattr(module, "__path__")
 
     def __getattr__(attr: str):
@@ -52,4 +51,4 @@ def reexport(name: str, target: str, probes: bool = False) -> None:
         except AttributeError:
             raise AttributeError(f"module {name!r} (trainrun's {target}) has no attribute {attr!r}") from None
 
-    module.__getattr__ = __getattr__
+    vars(module)["__getattr__"] = __getattr__

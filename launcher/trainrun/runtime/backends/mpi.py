@@ -18,6 +18,7 @@ Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduc
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 import numpy as np
 from mpi4py import MPI
@@ -150,6 +151,7 @@ def transfers_in_progress(sizes: bool = True) -> list[int]:
     collectives themselves pay nothing for it."""
     codes = _transfer_codes()
     out = []
+    frame: FrameType | None
     for frame in sys._current_frames().values():
         while frame is not None:
             if frame.f_code in codes:

@@ -1,4 +1,4 @@
 """horovod.common.elastic: trainrun.elastic.state (State, ObjectState, run)."""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.elastic.state")

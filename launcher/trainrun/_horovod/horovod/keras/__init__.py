@@ -1,4 +1,4 @@
 """horovod.keras: trainrun.keras"""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.keras", probes=True)

@@ -1,4 +1,4 @@
 """horovod.tensorflow: trainrun.tensorflow"""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.tensorflow", probes=True)

@@ -1,4 +1,4 @@
 """horovod.tensorflow.mpi_ops: trainrun.tensorflow.mpi_ops"""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.tensorflow.mpi_ops")

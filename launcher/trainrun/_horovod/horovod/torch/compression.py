@@ -1,4 +1,4 @@
 """horovod.torch.compression: trainrun.torch.compression"""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.torch.compression")

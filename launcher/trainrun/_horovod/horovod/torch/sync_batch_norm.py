@@ -1,4 +1,4 @@
 """horovod.torch.sync_batch_norm: trainrun.torch.sync_batch_norm"""
-from horovod._trainrun import reexport
+from .._trainrun import reexport
 
 reexport(__name__, "trainrun.torch.sync_batch_norm")

@@ -1,4 +1,4 @@
 """horovod.tensorflow.keras: trainrun.tensorflow.keras"""
-from horovod._trainrun import reexport
+from ..._trainrun import reexport
 
 reexport(__name__, "trainrun.tensorflow.keras", probes=True)
