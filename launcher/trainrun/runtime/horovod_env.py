@@ -57,6 +57,8 @@ Read elsewhere on the rank side, and why (the rest of the one list):
 - TRAINRUN_TEST_COMMIT_HOOK: elastic/shm_slot.py, a test hook of the segment writer (shared with the
   launcher's side, which has no Settings), read once at import.
 - PMI_FD, PMI_RANK, PMI_SIZE: MPICH's, read by MPI_Init (mpi4py's import), not by trainrun.
+Written, not read as settings: elastic/spare.py replaces a warm rank's environment before its program starts
+(so before init reads it), and the shim's horovod.common.util.env sets variables for a block (Horovod's API).
 """
 from __future__ import annotations
 

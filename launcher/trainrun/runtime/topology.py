@@ -36,7 +36,7 @@ def from_mpi(comm) -> Topology:
     finally:
         local.Free()
         cross.Free()
-    check_env(topo, os.environ)
+    check_env(topo, os.environ)  # (the launcher's contract, not a setting: runtime/horovod_env.py's list says so)
     return topo
 
 

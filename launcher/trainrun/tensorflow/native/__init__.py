@@ -26,6 +26,7 @@ _loaded = _UNSET
 
 
 def cache_dir() -> Path:
+    # (here, not in the runtime's settings: the kernel's build cache is the process's; runtime/horovod_env.py lists it)
     return Path(os.environ.get("TRAINRUN_CACHE_DIR") or Path.home() / ".cache" / "trainrun")
 
 
