@@ -68,6 +68,8 @@ class _Sink:
 class _Group:
     """One rank that runs until SIGKILLed; records what the Job asks of it."""
 
+    cleanup_note, may_still_run = None, 0
+
     def __init__(self, spec):
         self.specs, self.running, self.asked = [spec], 1, []
 

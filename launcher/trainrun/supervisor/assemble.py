@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.agents import AgentRanks
     from trainrun.supervisor.control import ControlServer
+    from trainrun.supervisor.exit_policy import ExitPolicy
     from trainrun.supervisor.groups import RankGroup
     from trainrun.supervisor.spares import SparePool
 
@@ -36,14 +37,15 @@ if TYPE_CHECKING:
 def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRanks], facts: dict,
                  nics: tuple[str, ...], *, slurm: bool, attempt: int | None = None,
                  control: ControlServer | None = None, host_updates: bool = True,
-                 spares: SparePool | None = None) -> Job:
+                 spares: SparePool | None = None, policy: ExitPolicy | None = None) -> Job:
     """The Job that runs `shape`'s ranks: this machine's under a LocalRanks, each remote host's through its
     agent in `agents` (one per remote host of `shape`, each with its HELLO facts also in `facts`, which holds
     every used host's). `nics`: the NICs the ranks use (() for one host).
 
-    `attempt`: None for a static job (a plain Job; with --tf-cluster under the parameter-server policy), else
-    the elastic attempt number: the ranks get TRAINRUN_RESTART_COUNT and TRAINRUN_ELASTIC, and the Job is an
-    AttemptJob (attempt.py). `control`: an elastic job's control channels for this machine's ranks.
+    `attempt`: None for a static job, else the elastic attempt number: the ranks get TRAINRUN_RESTART_COUNT
+    and TRAINRUN_ELASTIC. `policy`: how the Job judges its ranks' exits (exit_policy.py): the elastic loop's
+    AttemptPolicy for its attempt (attempt.py); None: a static job's, or with --tf-cluster the
+    parameter-server policy (ps_policy.py). `control`: an elastic job's control channels for this machine's ranks.
     `host_updates`: whether the launcher may tell this attempt's ranks that the hosts changed (elastic
     sizing); they get TRAINRUN_HOST_UPDATES=0 when not, and their commit() then skips the host-update check
     (a broadcast from rank 0 per commit: a fifth of a 1 MiB commit's time). `spares`: an elastic job's warm
@@ -73,18 +75,12 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
                      heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
         groups.append(agent)
     sink = sink_for(cfg, len(plan.procs))
-    kind: type[Job] = Job
-    policy = None
-    if attempt is not None:
-        from trainrun.supervisor.attempt import AttemptJob
-
-        kind = AttemptJob
-    elif ps:
+    if policy is None and ps:
         from trainrun.supervisor.ps_policy import PsPolicy
 
         policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
-    job = kind(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
-               output_dir=cfg.output_dir, ps_policy=policy)
+    job = Job(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
+              output_dir=cfg.output_dir, policy=policy)
     if cfg.monitor or cfg.json:  # the live view / JSON events: their module only when asked (import rule)
         from trainrun.supervisor import monitor
 

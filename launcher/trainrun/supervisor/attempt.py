@@ -1,107 +1,80 @@
-"""One attempt of an elastic job: the Job (job.py) with three differences, and a watch on the hosts while it
-runs. (assemble.py puts an attempt together, as it does a static job.)
+"""One attempt of an elastic job: its ExitPolicy (exit_policy.py), and a watch on the hosts while it runs. The
+attempt itself is an ordinary Job (job.py) under this policy, assembled as a static job is (assemble.py).
 
-AttemptJob differs from Job in that
+AttemptPolicy judges as StaticPolicy does, except that
 - a rank that exits with RESET_EXIT_CODE after the launcher told the ranks that the hosts changed is not a
-  failure: the ranks committed and leave to be restarted on the new hosts (`reset`);
-- a failure at start-up (before the MPI world formed, within STARTUP_WINDOW s) does not stop the other
-  ranks at once but after SETTLE s, so that a failure every rank shares (an import error) shows as such;
-- it records how each rank ended (RankEnd) and which host failed, for the elastic policy.
+  failure: the ranks committed and leave to be restarted on the new hosts (`reset`); the others are stopped
+  RESET_WAIT s after the first such exit if they have not left by then;
+- a failure at start-up (before the MPI world formed, within STARTUP_WINDOW s) is recorded but stops the
+  other ranks only after SETTLE s, so that a failure every rank shares (an import error) shows as such;
+- it records how each rank ended (`ends`) and which host failed (`failed_host`), for the elastic loop's
+  decisions after the attempt (restart_policy.py).
 
-`watch_hosts` registers a tick hook with the Job: every WATCH_EVERY s it asks the elastic loop (a callback)
-whether the hosts changed; the first time they did, it notifies every rank (through the agents, and the
-launcher's own control channels) and from then on honours their reset exits.
+`watch_hosts` makes its `tick` ask the elastic loop (a callback) every WATCH_EVERY s whether the hosts changed;
+the first time they did, it notifies every rank (through the agents, and the launcher's own control
+channels) and from then on honours their reset exits.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from trainrun.elastic.protocol import RESET_EXIT_CODE
+from trainrun.supervisor.exit_policy import Fail, Ignore, RankExit, StaticPolicy, Verdict
+from trainrun.supervisor.jobstate import JobState
 from trainrun.supervisor.restart_policy import STARTUP_WINDOW, RankEnd
-from trainrun.supervisor.groups import ExitInfo
-from trainrun.supervisor.job import Job
-from trainrun.supervisor.result import Failure, exit_code_of
 
 SETTLE = 3.0       # seconds the other ranks get to fail on their own after a start-up failure
 RESET_WAIT = 10.0  # seconds the other ranks get to leave after the first reset exit, before they are stopped
 WATCH_EVERY = 0.5  # seconds between two questions to the elastic loop: did the hosts change?
 
+HostUpdate = dict[str, Any]  # the notice sent to the ranks' control channels (elastic/protocol.py's UPDATE)
 
-class AttemptJob(Job):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.started = time.monotonic()
-        self.ends: list[RankEnd] = []
-        self.failed_host: str | None = None
-        self.notified = False   # the ranks were told the hosts changed: reset exits are honoured
-        self.reset = False      # some rank left with RESET_EXIT_CODE after that
-        self._settle_until: float | None = None
-        self._reset_until: float | None = None
-        self.on_tick(self._end_waits)
 
-    @property
-    def world_formed(self) -> bool:
-        return self.world is not None and len(self.world.initialized) == len(self.plan.procs)
+class AttemptPolicy:
+    """The exits of one elastic attempt, judged; and what the elastic loop reads afterwards."""
 
-    def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
-        now = time.monotonic()
-        tail = self.sink.stderr_tail(rank)
-        self.ends.append(RankEnd(rank, returncode, now - self.started, tail[-1].strip() if tail else ""))
-        if returncode == RESET_EXIT_CODE and self.notified:
-            self.result.returncodes[rank] = returncode
-            self.reset = True
-            self._reset_until = self._reset_until or now + RESET_WAIT
-            return
-        early = not self.world_formed and now - self.started < STARTUP_WINDOW
-        if returncode > 0 and early and not self.state.signalled:
-            self.result.returncodes[rank] = returncode
-            how = f"exited with code {returncode}"
-            failure = Failure(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, tuple(tail),
-                              info.at if info else time.time())
-            self._failures.append(failure)  # the Job settles the first failure by time at the end
-            if self.result.failure is None:
-                self.result.failure = failure
-                self.result.exit_code = exit_code_of(returncode)
-                self.failed_host = self._specs[rank].host
-            self._settle_until = self._settle_until or now + SETTLE
-            return
-        if returncode != 0 and self.result.failure is None and not self.state.signalled:
-            self.failed_host = self._specs[rank].host
-        super().on_exit(rank, returncode, info)
+    def __init__(self, started: float | None = None):
+        """`started`: time.monotonic() of the attempt's start (default: now)."""
+        self.started = time.monotonic() if started is None else started
+        self.ends: list[RankEnd] = []        # every rank's end, in the order reported
+        self.failed_host: str | None = None  # the host of the failure that stopped the attempt, if a host's
+        self.notified = False  # the ranks were told the hosts changed: reset exits are honoured
+        self.reset = False     # some rank left with RESET_EXIT_CODE after that
+        self._changed: Callable[[], HostUpdate | None] | None = None
+        self._notify: Callable[[HostUpdate], None] | None = None
+        self._next_watch = 0.0
 
-    def on_host_lost(self, host: str, message: str) -> None:
-        if self.result.failure is None and not self.state.signalled:
-            self.failed_host = host
-        super().on_host_lost(host, message)
-
-    def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
-        if self.result.failure is None and not self.state.signalled:
-            self.failed_host = host
-        super().on_host_failed(host, message, exit_code)
-
-    def watch_hosts(self, changed: Callable[[], dict | None], notify: Callable[[dict], None]) -> None:
+    def watch_hosts(self, changed: Callable[[], HostUpdate | None], notify: Callable[[HostUpdate], None]) -> None:
         """While the attempt runs, ask `changed()` every WATCH_EVERY s whether the hosts changed; the first
         time it returns an update, call `notify(update)` and honour reset exits from then on."""
-        next_at = 0.0
+        self._changed, self._notify = changed, notify
 
-        def watch(now: float) -> None:
-            nonlocal next_at
-            if self.notified or now < next_at:
-                return
-            next_at = now + WATCH_EVERY
-            update = changed()
-            if update is not None:
-                self.notified = True
-                notify(update)
+    def on_exit(self, ended: RankExit) -> Verdict:
+        rc = ended.returncode
+        self.ends.append(RankEnd(ended.rank, rc, ended.at - self.started, ended.last_line))
+        if rc == RESET_EXIT_CODE and self.notified:
+            self.reset = True
+            return Ignore(stop_others_in=RESET_WAIT)
+        first = rc != 0 and not ended.failed and not ended.state.signalled  # this failure stops the attempt
+        if first:
+            self.failed_host = ended.host
+        early = not ended.world_formed and ended.at - self.started < STARTUP_WINDOW
+        if rc > 0 and early and not ended.state.signalled:
+            return Fail(stop_others_in=SETTLE)
+        return StaticPolicy().on_exit(ended)
 
-        self.on_tick(watch)
+    def on_host_down(self, host: str, state: JobState, failed: bool) -> None:
+        if not failed and not state.signalled:
+            self.failed_host = host
 
-    def _end_waits(self, now: float) -> None:
-        """A tick hook: end the settle and reset waits."""
-        if self._settle_until is not None and now >= self._settle_until:
-            self._settle_until = None
-            self.stop()
-        if self._reset_until is not None and now >= self._reset_until:
-            self._reset_until = None
-            self.stop()
+    def tick(self, now: float) -> None:
+        if self._changed is None or self.notified or now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_EVERY
+        update = self._changed()
+        if update is not None:
+            self.notified = True
+            if self._notify is not None:
+                self._notify(update)

@@ -13,6 +13,9 @@ MPI's mpirun). The Job (job.py) drives every group the same way from one selecto
     restart(rank, count)           start an ended rank again (parameter-server jobs' workers: supervisor/ps_policy.py)
     close(sel) / wait_closed()     release every resource; after both, nothing of the group runs
     running                        how many of its ranks have not been reported ended
+    cleanup_note, may_still_run    after wait_closed: what came of cleaning up a lost host over a fresh connection
+                                   (None: nothing to say), and how many of its ranks may still run there (0 for
+                                   groups that own their ranks' processes: LocalRanks, MpirunRanks)
 
 Contract: every rank in `specs` is reported exactly once through `on_exit` (a lost host reports its
 ranks with 255), and after `kill()` + `close()` + `wait_closed()` no process of the group is left.
@@ -76,6 +79,8 @@ class RankEvents(Protocol):
 
 class RankGroup(Protocol):
     specs: list[ProcessSpec]
+    cleanup_note: str | None
+    may_still_run: int
 
     @property
     def running(self) -> int: ...

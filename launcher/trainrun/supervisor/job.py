@@ -3,9 +3,13 @@ signals, take stacks, clean up.
 
 States (`Job.state`, supervisor/jobstate.py): starting -> running -> stopping (first failure or a signal:
 SIGTERM to every rank) -> killing (SIGKILL after `grace` seconds) -> done (every rank reported). A second
-Ctrl-C skips the grace period. Callers that need the loop's time (the elastic attempt) register a tick hook
-(`on_tick`). When the loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and
-processes of the job that left their groups), and a watchdog does the same if the launcher is killed.
+Ctrl-C skips the grace period. Callers that need the loop's time register a tick hook (`on_tick`). When the
+loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks included, and processes of the job
+that left their groups), and a watchdog does the same if the launcher is killed.
+
+Exits: which end of a rank is a failure, which ends the job, which starts the rank again is the verdict of the
+Job's ExitPolicy (exit_policy.py: StaticPolicy by default; an elastic attempt's, attempt.py; a parameter-server
+job's, ps_policy.py); the Job carries it out. The policy never changes the Job: its state changes in `_on` only.
 
 Stacks: SIGUSR1 to the launcher, a rank's StallError or stuck report, or `hang_timeout` seconds without
 output, PMI traffic or runtime progress from any rank make every group take its running ranks' stacks
@@ -39,17 +43,18 @@ from typing import TYPE_CHECKING
 from trainrun import log
 from trainrun.plan.spec import LaunchPlan
 from trainrun.rankset import describe_ranks
+from trainrun.supervisor.exit_policy import Done, ExitPolicy, Ignore, RankExit, Restart, StaticPolicy
 from trainrun.supervisor.groups import ExitInfo
 from trainrun.supervisor.jobstate import JobEvent, JobState, advance
-from trainrun.supervisor.output import OutputSink
 from trainrun.supervisor.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
 from trainrun.supervisor.straggler import Watch
 from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import RankStack
+    from trainrun.mpiworld.world import MpiWorld
     from trainrun.supervisor.groups import RankGroup
-    from trainrun.supervisor.ps_policy import PsPolicy
+    from trainrun.supervisor.job_output import JobOutput
     from trainrun.supervisor.stall import Stuck
 
 TICK = 0.05
@@ -72,11 +77,11 @@ class Job:
     """Owns the job's rank groups (RankGroup: local ranks, agents of remote hosts, mpirun) until every
     rank has been reported; the RankEvents sink of all of them."""
 
-    def __init__(self, plan: LaunchPlan, sink: OutputSink, groups: list[RankGroup], *, grace: float = 3.0,
+    def __init__(self, plan: LaunchPlan, sink: JobOutput, groups: list[RankGroup], *, grace: float = 3.0,
                  start_timeout: float = 120.0, hang_timeout: float | None = None, output_dir: str | None = None,
-                 ps_policy: PsPolicy | None = None):
-        """`groups` must together hold every rank of `plan` exactly once. `ps_policy`: a parameter-server
-        job's exits (supervisor/ps_policy.py): the chief's success ends the job, a dead worker is restarted."""
+                 policy: ExitPolicy | None = None):
+        """`groups` must together hold every rank of `plan` exactly once. `policy`: how the ranks' exits are
+        judged (exit_policy.py); StaticPolicy when None."""
         self.plan = plan
         self.sink = sink
         self.grace = grace
@@ -85,12 +90,13 @@ class Job:
         self.start_timeout = start_timeout
         self.hang_timeout = hang_timeout
         self.output_dir = output_dir
-        self.world = None  # the MpiWorld, made when the first rank speaks PMI (programs without MPI never pay)
+        self.world: MpiWorld | None = None  # made when the first rank speaks PMI (programs without MPI never pay)
         self.state = JobState.STARTING  # changed only by _on (jobstate.py has the transitions)
         self._stopped_at: float | None = None  # wall clock when the stop was asked, for ordering failures
         self._killed_at: float | None = None   # wall clock of our first SIGKILL
         self._stop_deadline = float("inf")     # STOPPING: SIGKILL at this monotonic time
         self._kill_deadline = float("inf")     # KILLING: hosts not reported by then are given up on
+        self._stop_others_at = float("inf")    # a verdict's delayed stop (exit_policy.py: stop_others_in)
         self._tick_hooks: list[Callable[[float], None]] = []
         self.batch_time = time.time()  # RankEvents: when the loop woke for the events it dispatches
         self._failures: list[Failure] = []
@@ -102,8 +108,7 @@ class Job:
         self._requests: dict[int, tuple[int, int]] = {}  # request id -> (dump, index of the group asked)
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self._stall_verdict: tuple[float, list[RankStack]] | None = None  # StallError: (fail at, the stacks)
-        self.ps_policy = ps_policy
-        self._ps_done = False  # the chief (and evaluator) exited 0: what ends after that is teardown
+        self.policy: ExitPolicy = policy if policy is not None else StaticPolicy()
         # who holds the job back (supervisor/straggler.py), from the ranks' window summaries
         self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
 
@@ -120,6 +125,11 @@ class Job:
         self.state = new
         return True
 
+    @property
+    def world_formed(self) -> bool:
+        """Every rank of the job initialized its MPI world (PMI)."""
+        return self.world is not None and len(self.world.initialized) == len(self.plan.procs)
+
     def _where(self, rank: int) -> str:
         a = self._specs[rank].assignment
         if self.plan.job.tf_tasks:  # a parameter-server job: its role names it best
@@ -129,14 +139,19 @@ class Job:
 
     def fail(self, exit_code: int, what: str, rank: int | None = None, at: float | None = None,
              oom: str | None = None) -> None:
-        """Record a failure and stop everything. Which failure was first is settled by time at the end;
-        the exit code is set now so that an interrupted teardown still reports one."""
+        """Record a failure and stop everything."""
+        self._record(exit_code, what, rank, at, oom)
+        self.stop()
+
+    def _record(self, exit_code: int, what: str, rank: int | None = None, at: float | None = None,
+                oom: str | None = None) -> None:
+        """Record a failure. Which failure was first is settled by time at the end; the exit code is set now
+        so that an interrupted teardown still reports one."""
         tail = tuple(self.sink.stderr_tail(rank)) if rank is not None else ()
         self._failures.append(Failure(exit_code, what, rank, tail, time.time() if at is None else at, oom))
         if self.result.failure is None and not self.state.stop_asked:
             self.result.failure = self._failures[-1]
             self.result.exit_code = exit_code
-        self.stop()
 
     # RankEvents, called from the loop
     def on_output(self, rank: int, stream: int, data: bytes) -> None:
@@ -146,36 +161,41 @@ class Job:
             self._on_signal(signal.SIGPIPE)  # nobody reads our output any more: end the job as SIGPIPE would
 
     def on_exit(self, rank: int, returncode: int, info: ExitInfo | None = None) -> None:
+        """A rank ended: its policy's verdict (exit_policy.py), carried out."""
         self.result.returncodes[rank] = returncode
         log.info("rank %d exited with %d", rank, returncode)
-        if self._ps_done:
-            return  # a ps or worker stopped after the chief finished: not a failure
-        if returncode == 0 and self.ps_policy is None:
-            return
-        ours = {-signal.SIGTERM: self._stopped_at, -signal.SIGKILL: self._killed_at}.get(returncode)
-        if ours is not None and (info is None or info.at + info.error >= ours):
-            return  # stopped by us (a rank killed before we sent that signal is a failure, reported late)
-        how = f"exited with code {returncode}" if returncode > 0 else f"was killed by {signame(-returncode)}"
-        oom = info.oom if info else None
-        if oom:
-            how += " (out of memory)" if oom.startswith("out of memory") else " (probably out of memory)"
-        if self.ps_policy is not None and not self.state.stop_asked:
-            verdict = self.ps_policy.on_exit(rank, returncode, how, str(self._specs[rank].assignment.host))
-            if verdict.action == "wait":
-                return
-            if verdict.action == "done":
-                log.info("the chief finished: stopping the parameter servers and workers")
-                self._ps_done = True
+        ended = self._rank_exit(rank, returncode, info)
+        verdict = self.policy.on_exit(ended)
+        if isinstance(verdict, Ignore):
+            if verdict.stop_others_in is not None:
+                self._stop_others_at = min(self._stop_others_at, ended.at + verdict.stop_others_in)
+        elif isinstance(verdict, Done):
+            log.info("rank %d's end completes the job: stopping the ranks still running", rank)
+            self.stop()
+        elif isinstance(verdict, Restart):
+            self.sink.write_raw(2, (verdict.line + "\n").encode())
+            self._group_of[rank].restart(rank, verdict.count)
+        else:  # Fail
+            how = f"{ended.how} {verdict.note}" if verdict.note else ended.how
+            self._record(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, info.at if info else None,
+                         info.oom if info else None)
+            if verdict.stop_others_in > 0:  # the others may fail on their own meanwhile (a shared cause)
+                self._stop_others_at = min(self._stop_others_at, ended.at + verdict.stop_others_in)
+            else:
                 self.stop()
-                return
-            if verdict.action == "restart":
-                self.sink.write_raw(2, (verdict.line + "\n").encode())
-                self._group_of[rank].restart(rank, self.ps_policy.restart_count(rank))
-                return
-            how += f" {verdict.line}" if verdict.line else ""
-        if returncode == 0:
-            return
-        self.fail(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, info.at if info else None, oom)
+
+    def _rank_exit(self, rank: int, returncode: int, info: ExitInfo | None) -> RankExit:
+        """What a policy is told of a rank's end."""
+        ours = {-signal.SIGTERM: self._stopped_at, -signal.SIGKILL: self._killed_at}.get(returncode)
+        # stopped by us, unless it was killed before we sent that signal (a failure, reported late)
+        by_us = ours is not None and (info is None or info.at + info.error >= ours)
+        how = f"exited with code {returncode}" if returncode >= 0 else f"was killed by {signame(-returncode)}"
+        if info is not None and info.oom:
+            how += " (out of memory)" if info.oom.startswith("out of memory") else " (probably out of memory)"
+        tail = self.sink.stderr_tail(rank)
+        return RankExit(rank, returncode, str(self._specs[rank].assignment.host), how, time.monotonic(),
+                        tail[-1].strip() if tail else "", self.state, by_us, self.world_formed,
+                        self.result.failure is not None)
 
     def on_pmi(self, rank: int, data: bytes) -> None:
         self._last_activity = time.monotonic()
@@ -187,12 +207,15 @@ class Job:
         for r, line in replies:
             self._group_of[r].pmi_send(r, line)
         if problem is not None:
-            self.fail(problem.exit_code, f"{self._where(problem.rank)} {problem.message}", problem.rank)
+            where = f"{self._where(problem.rank)} " if problem.rank is not None else ""
+            self.fail(problem.exit_code, where + problem.message, problem.rank)
 
     def on_host_lost(self, host: str, message: str) -> None:
+        self.policy.on_host_down(host, self.state, self.result.failure is not None)
         self.fail(255, message)
 
     def on_host_failed(self, host: str, message: str, exit_code: int) -> None:
+        self.policy.on_host_down(host, self.state, self.result.failure is not None)
         self.fail(exit_code, f"{host}: {message}")
 
     def on_progress(self, rank: int, perf: str = "") -> None:
@@ -204,22 +227,23 @@ class Job:
                 for line in self.stragglers.on_window(rank, perf, self._last_activity):
                     log.warning("%s", line)
                 if self.output_dir:
-                    self._record_window(rank, perf)
+                    self._record_window(self.stragglers, self.output_dir, rank, perf)
             except Exception as err:  # a diagnosis must never end the job: stop diagnosing
                 log.info("straggler detection stopped: %s: %s", type(err).__name__, err)
                 self.stragglers = None
 
-    def _record_window(self, rank: int, perf: str) -> None:
+    @staticmethod
+    def _record_window(watch: Watch, output_dir: str, rank: int, perf: str) -> None:
         """Append the window to --output-dir's straggler.jsonl (per rank and window; supervisor/straggler.py)."""
-        line = self.stragglers.record(rank, perf, time.time())
+        line = watch.record(rank, perf, time.time())
         if line is None:
             return
         try:
-            os.makedirs(self.output_dir, exist_ok=True)
-            with open(os.path.join(self.output_dir, "straggler.jsonl"), "a") as f:
+            os.makedirs(output_dir, exist_ok=True)
+            with open(os.path.join(output_dir, "straggler.jsonl"), "a") as f:
                 f.write(line + "\n")
         except OSError as err:
-            log.info("cannot write %s/straggler.jsonl: %s", self.output_dir, err.strerror)
+            log.info("cannot write %s/straggler.jsonl: %s", output_dir, err.strerror)
 
     def on_stall(self, rank: int, notice: str) -> None:
         """A rank's runtime says it waits in a collective that cannot complete (supervisor/stall.py):
@@ -262,10 +286,11 @@ class Job:
         self.fail(STALL_EXIT, message, rank)
 
     def on_stacks(self, request: int, stacks: list[RankStack]) -> None:
-        seq, group = self._requests.pop(request, (None, None))
-        d = self._dumps.get(seq)
-        if d is None:
+        asked = self._requests.pop(request, None)
+        d = self._dumps.get(asked[0]) if asked is not None else None
+        if asked is None or d is None:
             return  # too late: printed without them
+        group = asked[1]
         d.stacks += stacks
         d.waiting.discard(group)
 
@@ -396,7 +421,11 @@ class Job:
         caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
         old_handlers = {s: signal.signal(s, lambda *_: None) for s in caught}
         old_wakeup = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
-        sel.register(wake_r, selectors.EVENT_READ, lambda: [self._on_signal(b) for b in wake_r.recv(64)])
+        def on_wake() -> None:  # the signal numbers the handlers' wakeup fd wrote
+            for sig in wake_r.recv(64):
+                self._on_signal(sig)
+
+        sel.register(wake_r, selectors.EVENT_READ, on_wake)
         watchdog = Watchdog()
         try:
             for g in self.groups:
@@ -411,6 +440,10 @@ class Job:
                 now = time.monotonic()
                 for g in self.groups:
                     g.tick(now)
+                self.policy.tick(now)
+                if now >= self._stop_others_at:  # a verdict's delayed stop (exit_policy.py)
+                    self._stop_others_at = float("inf")
+                    self.stop()
                 for hook in self._tick_hooks:
                     hook(now)
                 self.sink.tick()
@@ -441,7 +474,7 @@ class Job:
             for g in self.groups:
                 g.wait_closed()
             for g in self.groups:  # lost hosts: what their cleanup over a fresh connection came to
-                if getattr(g, "cleanup_note", None):
+                if g.cleanup_note:
                     self.result.notes.append(g.cleanup_note)
                     self.result.may_still_run += g.may_still_run
             watchdog.close()

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at ru
     from trainrun.diag.stacks import HookInfo
     from trainrun.supervisor.control import ControlServer
     from trainrun.supervisor.groups import RankEvents
+    from trainrun.supervisor.oom import OomWatch
     from trainrun.supervisor.spares import SparePool
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
@@ -74,7 +75,8 @@ def host_env(spec: ProcessSpec, base: dict[str, str], cpus: int) -> dict[str, st
 
 class _Rank:
     def __init__(self, spec: ProcessSpec, proc: subprocess.Popen, pidfd: int, pmi: socket.socket | None, diag: int):
-        self.spec, self.proc, self.pidfd, self.pmi, self.diag = spec, proc, pidfd, pmi, diag
+        self.spec, self.proc, self.pidfd, self.pmi = spec, proc, pidfd, pmi
+        self.diag: int | None = diag  # None once the rank closed it
         self.open_streams = 2
         self.returncode: int | None = None
         self.exit_deadline = 0.0
@@ -98,6 +100,8 @@ class LocalRanks:
         self.spares = spares
         self._warmed = spares is None  # the pool was filled for this attempt (or there is none)
         self.warm_starts = 0  # ranks of this attempt that started as a spare
+        self.cleanup_note: str | None = None  # (RankGroup: nothing of a host lost; close() reaps every rank)
+        self.may_still_run = 0
         self.events: RankEvents | None = None
         self.pmi = pmi
         self.base_env = dict(os.environ if base_env is None else base_env)
@@ -106,16 +110,23 @@ class LocalRanks:
         # the job's mark on this host (reaper.py): TRAINRUN_JOB_ID and the host names of these ranks
         self._job_id = next((p.env["TRAINRUN_JOB_ID"] for p in procs if "TRAINRUN_JOB_ID" in p.env), None)
         self._hosts = sorted({p.env.get("TRAINRUN_HOSTNAME", p.host) for p in procs})
-        self._oom = None  # an oom.OomWatch, made at start
+        self._oom: OomWatch | None = None  # made at start
         self._dumps: list[tuple[int, list]] = []  # finished dumps, handed from their thread to the loop
         self._dump_lock = threading.Lock()
         self._wake: tuple[int, int] | None = None
         self._since = 0  # clock ticks since boot when start() began: the job's processes are younger
         self._helpers: set[int] = set()  # our own children in another session that are not the job's (watchdog)
         self._next_reap = 0.0
-        self._started: tuple | None = None  # (sel, watchdog) once started: restart() starts a rank again with them
+        # (sel, watchdog) once started: restart() starts a rank again with them
+        self._started: tuple[selectors.BaseSelector, Watchdog] | None = None
         self._retired: list[_Rank] = []  # ranks that were restarted: their old pipes are closed at close()
         self._stacks_dirs: dict[str, str | None] = {}  # host -> the job's stack-file directory there (diag/stacks.py)
+
+    @property
+    def _report_to(self) -> RankEvents:
+        """The events given to start(): ranks (and so reports) exist only after it."""
+        assert self.events is not None, "a rank reported before start()"
+        return self.events
 
     def start(self, sel: selectors.BaseSelector, watchdog: Watchdog, events: RankEvents) -> None:
         """Start every rank. Raises ProgramError (after killing those started) if one cannot exec."""
@@ -159,16 +170,19 @@ class LocalRanks:
         old = self.ranks[rank]
         self._retired.append(old)
         spec = replace(old.spec, env={**old.spec.env, "TRAINRUN_RESTART_COUNT": str(count)})
+        assert self._started is not None, "restart() before start()"
         sel, watchdog = self._started
         try:
             self._start_one(spec, sel, watchdog, core_sets())
         except OSError:
-            self.events.on_exit(rank, 127)
+            self._report_to.on_exit(rank, 127)
 
     def _start_one(self, spec: ProcessSpec, sel, watchdog: Watchdog, cores: list[set[int]]) -> None:
         env = host_env(spec, self.base_env, len(os.sched_getaffinity(0)))
         env = {k: v for k, v in env.items() if not k.startswith("PMI_")}  # an outer launcher's PMI is not ours
-        pass_fds, child_sock, parent_sock = (), None, None
+        pass_fds: tuple[int, ...] = ()
+        child_sock: socket.socket | None = None
+        parent_sock: socket.socket | None = None
         if self.pmi:
             from trainrun.mpiworld.pmienv import socket_env
 
@@ -207,7 +221,8 @@ class LocalRanks:
             os.close(diag_w)
         watchdog.add(proc.pid)
         self._pgids.append(proc.pid)
-        self._oom.watch(proc.pid)
+        if self._oom is not None:
+            self._oom.watch(proc.pid)
         rank = _Rank(spec, proc, os.pidfd_open(proc.pid), parent_sock, diag_r)
         rank.env = env
         self.ranks[spec.rank] = rank
@@ -252,11 +267,12 @@ class LocalRanks:
         """Fill the pool for the next attempt: one spare per rank of this one (once, when they train)."""
         self._warmed = True
         ranks = [(r.spec.argv, r.spec.cwd, r.env) for r in self.ranks.values()]
-        self.spares.fill(ranks)
+        if self.spares is not None:
+            self.spares.fill(ranks)
 
     def _read(self, rank: _Rank, stream: int, pipe, sel) -> None:
         data = os.read(pipe.fileno(), 1 << 16)
-        self.events.on_output(rank.spec.rank, stream, data)
+        self._report_to.on_output(rank.spec.rank, stream, data)
         if not data:
             sel.unregister(pipe)
             pipe.close()
@@ -264,17 +280,20 @@ class LocalRanks:
             self._maybe_report(rank)
 
     def _read_pmi(self, rank: _Rank, sel) -> None:
+        assert rank.pmi is not None  # registered only for a rank with a PMI socket
         try:
             data = rank.pmi.recv(1 << 16)
         except OSError:
             data = b""
         if data:
-            self.events.on_pmi(rank.spec.rank, data)
+            self._report_to.on_pmi(rank.spec.rank, data)
         else:
             sel.unregister(rank.pmi)
 
     def _read_diag(self, rank: _Rank, sel) -> None:
         """Lines from the rank's runtime (diag/rankhook.py): hook, progress, perf, stall, stuck."""
+        if rank.diag is None:
+            return
         try:
             data = os.read(rank.diag, 4096)
         except BlockingIOError:
@@ -294,13 +313,13 @@ class LocalRanks:
                 pid, ident, path = rest.split(" ", 2)
                 rank.hook = HookInfo(int(pid), int(ident), path)
             elif word == "progress":
-                self.events.on_progress(rank.spec.rank)
+                self._report_to.on_progress(rank.spec.rank)
                 if not self._warmed:  # training: the spares' imports no longer slow the ranks' start
                     self._warm_up()
             elif word == "perf":  # a window summary (diag/perf.py): progress too
-                self.events.on_progress(rank.spec.rank, rest)
+                self._report_to.on_progress(rank.spec.rank, rest)
             elif word in ("stall", "stuck"):  # passed on whole: supervisor/stall.Stuck.parse reads it
-                self.events.on_stall(rank.spec.rank, line.decode(errors="replace"))
+                self._report_to.on_stall(rank.spec.rank, line.decode(errors="replace"))
 
     def dump(self, request: int, use_py_spy: bool) -> None:
         """Take the stacks of the running ranks in a thread; reported through on_stacks from the loop."""
@@ -320,16 +339,19 @@ class LocalRanks:
 
     def _on_dump_done(self) -> None:
         try:
-            os.read(self._wake[0], 64)
+            if self._wake is not None:
+                os.read(self._wake[0], 64)
         except OSError:
             pass
         with self._dump_lock:
             done, self._dumps = self._dumps, []
         for request, stacks in done:
-            self.events.on_stacks(request, stacks)
+            self._report_to.on_stacks(request, stacks)
 
     def pmi_send(self, rank: int, data: bytes) -> None:
         sock = self.ranks[rank].pmi
+        if sock is None:  # no PMI socket (pmi=False): nobody to answer
+            return
         try:
             sock.sendall(data)
         except OSError:
@@ -339,8 +361,9 @@ class LocalRanks:
         sel.unregister(rank.pidfd)
         os.close(rank.pidfd)
         rank.returncode = rank.proc.wait()
-        oom = self._oom.verdict(rank.proc.pid) if rank.returncode == -signal.SIGKILL else None
-        rank.exit_info = ExitInfo(getattr(self.events, "batch_time", None) or time.time(), oom)
+        killed = rank.returncode == -signal.SIGKILL
+        oom = self._oom.verdict(rank.proc.pid) if killed and self._oom is not None else None
+        rank.exit_info = ExitInfo(self._report_to.batch_time, oom)
         rank.exit_deadline = time.monotonic() + EXIT_LINGER
         self._maybe_report(rank)
 
@@ -350,7 +373,7 @@ class LocalRanks:
         if rank.open_streams and (now is None or now < rank.exit_deadline):
             return
         rank.reported = True
-        self.events.on_exit(rank.spec.rank, rank.returncode, rank.exit_info)
+        self._report_to.on_exit(rank.spec.rank, rank.returncode, rank.exit_info)
 
     def tick(self, now: float) -> None:
         """Report exits whose pipes are still held open by a rank's children after EXIT_LINGER; reap the
@@ -417,7 +440,9 @@ class LocalRanks:
                     os.unlink(rank.hook.path)
                 except OSError:
                     pass
-        if self._stacks_dirs:  # and those of ranks killed before they announced it: every rank is reaped now
+        # and the stack files of ranks killed before they announced them: every rank is reaped now (the
+        # directories exist only for a job with an id)
+        if self._stacks_dirs and self._job_id is not None:
             from trainrun.diag.stacks import remove_stacks_dir
 
             for host in self._stacks_dirs:

@@ -1,7 +1,8 @@
 """The elastic loop: run a job as a series of attempts until it succeeds, fails for good, or is interrupted.
 
-An attempt is an ordinary Job (supervisor/attempt.py's AttemptJob) assembled as a static job's is
-(supervisor/assemble.py) and planned by the one planner on the hosts the
+An attempt is an ordinary Job under the attempt's exit policy (supervisor/attempt.py's AttemptPolicy, which
+records how its ranks ended), assembled as a static job's is (supervisor/assemble.py) and planned by the one
+planner on the hosts the
 policy picks (supervisor/restart_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
 restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
 the ranks committed with them (supervisor/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
@@ -155,6 +156,7 @@ class ElasticLoop:
     def _attempt(self, pick: Pick) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
         from trainrun.supervisor.assemble import assemble_job
+        from trainrun.supervisor.attempt import AttemptPolicy
 
         cfg = self.cfg
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
@@ -165,35 +167,36 @@ class ElasticLoop:
 
             self.local_facts = self.local_facts or launch_facts()
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
+        exits = AttemptPolicy()  # how the attempt's exits are judged; what it records is read after the run
         job = assemble_job(cfg, shape, agents, facts, self._nics(shape, facts), slurm=self.origin.allocation is not None,
                            attempt=self.attempt, control=self.control, host_updates=self.settings.sizing,
-                           spares=self.spares)
+                           spares=self.spares, policy=exits)
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         self.current = Pick(tuple(shape.used), len(plan.procs))
-        job.watch_hosts(self._hosts_changed, lambda u: self._notify(u, list(agents.values())))
+        exits.watch_hosts(self._hosts_changed, lambda u: self._notify(u, list(agents.values())))
         result = job.run()
         self.current = None
         size = len(plan.procs)
         if result.interrupted_by is not None:
             return self._finish(result.exit_code, result.summary(size))
         self.attempt += 1
-        if result.failure is None and job.reset:
+        if result.failure is None and exits.reset:
             log.info("attempt %d: the hosts changed; restarting on them", self.attempt - 1)
             print(f"trainrun: the hosts changed; restarting ({size} rank(s) committed and left)", file=sys.stderr, flush=True)
             return None
         if result.failure is None:
             return self._finish(0, None)
         f = result.failure
-        record = FailureRecord(time.time(), self.attempt - 1, job.failed_host, f.rank, f.what, f.exit_code)
-        reason = deterministic(job.ends, size, job.world_formed)
+        record = FailureRecord(time.time(), self.attempt - 1, exits.failed_host, f.rank, f.what, f.exit_code)
+        reason = deterministic(exits.ends, size, job.world_formed)
         if reason is not None:
             self.failures.append(replace(record, action="not restarted: start-up failure on every rank"))
             return self._finish(f.exit_code, result.summary(size), reason)
         if not self.settings.restarts_left(self.restarts):
             self.failures.append(replace(record, action=f"restarts exhausted ({self.restarts} of {self.settings.max_restarts})"))
             return self._finish(f.exit_code, result.summary(size), f"restarts exhausted after {self.restarts} restart(s)")
-        self._sleep(self._restart(record, job.failed_host))
+        self._sleep(self._restart(record, exits.failed_host))
         return None
 
     def _restart(self, record: FailureRecord, host: str | None) -> float:
