@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.cli.config import LaunchConfig
@@ -29,6 +30,13 @@ from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape
 from trainrun.supervisor.discovery import LiveHosts
 from trainrun.supervisor.restart_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
+
+if TYPE_CHECKING:
+    from trainrun.facts.model import HostFacts
+    from trainrun.fanout.agents import AgentRanks
+    from trainrun.fanout.base import FanoutEngine
+    from trainrun.fanout.elastic_agents import AgentPool
+    from trainrun.supervisor.spares import SparePool
 
 AGENT_START_SLACK = 30.0
 IDLE_TICK = 0.2
@@ -62,10 +70,11 @@ class ElasticLoop:
         self.restarts = 0       # restarts after failures (what --max-restarts limits)
         self.attempt = 0        # attempts started so far - 1: TRAINRUN_RESTART_COUNT
         self.control = ControlServer(SegmentStore())  # this machine's ranks' committed-state segment
-        self.spares = None  # this machine's ranks' warm spares (supervisor/spares.py, --warm-ranks), made by run()
-        self.engine = self.pool = None
+        self.spares: SparePool | None = None  # this machine's ranks' warm spares (spares.py, --warm-ranks), made by run()
+        self.engine: FanoutEngine | None = None  # made with the pool, when an attempt first needs a remote host
+        self.pool: AgentPool | None = None
         self.nics: tuple[str, ...] | None = None
-        self.local_facts = None
+        self.local_facts: HostFacts | None = None
         self.current: Pick | None = None
 
     # the loop
@@ -118,9 +127,9 @@ class ElasticLoop:
                 if ready is False:
                     continue
                 return ready
-            code = self._attempt(pick)
-            if code is not None:
-                return code
+            over = self._attempt(pick)
+            if over is not None:
+                return over
 
     def _agents_for(self, pick: Pick) -> bool | int:
         """Agents on every remote host of `pick`. True: ready; False: pick again (with elastic sizing a host
@@ -160,7 +169,8 @@ class ElasticLoop:
 
         cfg = self.cfg
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
-        agents = {h.name: self.pool.agents[h.name] for h in shape.used if not h.is_local}
+        pooled = self.pool.agents if self.pool is not None else {}  # (no pool: every host is this machine)
+        agents: dict[str, AgentRanks] = {h.name: pooled[h.name] for h in shape.used if not h.is_local}
         facts = {name: a.facts for name, a in agents.items()}
         if shape.has_local:
             from trainrun.facts.collect import launch_facts
@@ -284,6 +294,8 @@ def run_elastic(cfg: LaunchConfig) -> int:
             from trainrun.plan.program import check_local_program
 
             check_local_program(cfg.command)
-        return ElasticLoop(cfg, cfg.elastic_settings(), source, origin).run()
+        settings = cfg.elastic_settings()
+        assert isinstance(settings, ElasticSettings)  # launch.py runs this loop for elastic launches only
+        return ElasticLoop(cfg, settings, source, origin).run()
     finally:
         source.close()
