@@ -44,8 +44,14 @@ from trainrun.cli.config import parse_config
 from trainrun.plan.planner import make_plan, shape_job
 t0 = time.perf_counter()
 cfg = parse_config(("train.py",), hostfile=hostfile, num_proc=n)
-shape = shape_job(cfg, cfg.host_specs())
-plan = make_plan(cfg, shape, {}, "n00000", job_id="bench")
+try:
+    from trainrun.launchspec import resolve  # the launch's config boundary: the specs, resolved once
+    spec = resolve(cfg, {})
+    opts, hosts = spec.plan, spec.hosts.hosts
+except ImportError:  # before: LaunchConfig read by the planner itself
+    opts, hosts = cfg, cfg.host_specs()
+shape = shape_job(opts, hosts)
+plan = make_plan(opts, shape, {}, "n00000", job_id="bench")
 if mode == "elastic":
     try:
         from trainrun.plan.spec import with_env

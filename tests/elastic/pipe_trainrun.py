@@ -6,7 +6,7 @@ import sys
 from trainrun.fanout import select
 from trainrun.fanout.pipe_engine import PipeEngine
 
-select.engine_for = lambda cfg, source=None: PipeEngine()
+select.engine_for = lambda reach, source=None: PipeEngine()
 
 from trainrun.cli.command import main  # noqa: I001 (after the engine is replaced)
 

@@ -47,10 +47,12 @@ def test_bad_strings_are_usage_errors_at_parse_time(kw, message):
 
 
 def test_ranks_beyond_the_job_are_checked_when_its_size_is_known():
-    cfg = parse_config(("x",), num_proc=4, show_ranks="0,9")
-    assert cfg.shown_ranks(10) == frozenset({0, 9})
+    from trainrun.launchspec import resolve
+
+    out = resolve(parse_config(("x",), num_proc=4, show_ranks="0,9"), {}).output
+    assert out.shown(10) == frozenset({0, 9})
     with pytest.raises(UsageError, match="--ranks 0,9: the job has ranks 0-3, not 9"):
-        cfg.shown_ranks(4)
+        out.shown(4)
 
 
 def test_an_unset_export_is_looked_up_in_the_launchers_environment():
@@ -75,11 +77,12 @@ def test_exclusion_prints_as_exclude_takes_it(text):
 def test_the_perf_collective_relaunch_gets_the_same_hosts_and_options(tmp_path):
     """--check --perf relaunches trainrun over the check's hosts: from the parsed values, a hostfile's as -H."""
     from trainrun.check.perf import launch_argv
+    from trainrun.launchspec import resolve
 
     hf = tmp_path / "hosts"
     hf.write_text("h1 slots=2\nalice@h2 slots=2\n")
     cfg = parse_config((), hostfile=str(hf), exclude="h2:1", network_interface="eth1,eth0", check=True, perf=True)
-    argv = launch_argv(cfg, ["prog"])
+    argv = launch_argv(resolve(cfg, {}), ["prog"])
     opts = dict(zip(argv[3:-1:2], argv[4:-1:2]))
     assert opts["-H"] == "h1:2,alice@h2:2" and opts["--exclude"] == "h2:1" and opts["--network-interface"] == "eth1,eth0"
     assert "--hostfile" not in argv and argv[-1] == "prog"

@@ -9,6 +9,13 @@ def cfg(**kw):
     return parse_config(("train.py",), **kw)
 
 
+def given_hosts(config):
+    """The hosts the launch step resolves (launchspec.host_request: a discovery script runs there, once)."""
+    from trainrun.launchspec import host_request
+
+    return host_request(config).given
+
+
 def test_max_restarts_defaults_to_0_and_to_unlimited_with_elastic_sizing():
     assert not cfg(num_proc=2).elastic_settings().enabled
     assert cfg(num_proc=2, max_restarts=3).elastic_settings().max_restarts == 3
@@ -34,7 +41,7 @@ def test_a_discovery_script_replaces_hosts_and_np(tmp_path):
     script = tmp_path / "d.sh"
     script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
     script.chmod(0o755)
-    hosts = cfg(host_discovery_script=str(script)).host_specs()
+    hosts = given_hosts(cfg(host_discovery_script=str(script)))
     assert [(h.name, h.slots) for h in hosts] == [("h1", 2), ("h2", 1)]
 
 
@@ -43,9 +50,9 @@ def test_a_failing_discovery_script_is_a_usage_error(tmp_path):
     script.write_text("#!/bin/sh\necho no inventory >&2\nexit 4\n")
     script.chmod(0o755)
     with pytest.raises(UsageError, match="exited with code 4 \\(no inventory\\)"):
-        cfg(host_discovery_script=str(script)).host_specs()
+        given_hosts(cfg(host_discovery_script=str(script)))
     with pytest.raises(UsageError, match="cannot run it"):
-        cfg(host_discovery_script=str(tmp_path / "missing.sh")).host_specs()
+        given_hosts(cfg(host_discovery_script=str(tmp_path / "missing.sh")))
 
 
 def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_path):
@@ -54,7 +61,7 @@ def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_
     script.write_text("#!/bin/sh\nexec yes h1:2\n")
     script.chmod(0o755)
     with pytest.raises(UsageError, match=r"d.sh: printed more than 4 MiB; it must print the hosts available now"):
-        cfg(host_discovery_script=str(script)).host_specs()
+        given_hosts(cfg(host_discovery_script=str(script)))
     quiet = tmp_path / "q.sh"  # its output closed, but it runs on: no answer, and it is killed
     quiet.write_text("#!/bin/sh\necho h1:2\nexec >&- 2>&-\nsleep 600\n")
     quiet.chmod(0o755)
@@ -63,7 +70,7 @@ def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_
     old, discovery.SCRIPT_TIMEOUT = discovery.SCRIPT_TIMEOUT, 1.0
     try:
         with pytest.raises(UsageError, match="no answer within 1s"):
-            cfg(host_discovery_script=str(quiet)).host_specs()
+            given_hosts(cfg(host_discovery_script=str(quiet)))
     finally:
         discovery.SCRIPT_TIMEOUT = old
 

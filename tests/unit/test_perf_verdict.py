@@ -133,10 +133,12 @@ def test_exclude_hosts_and_gpus():
         apply_exclude(specs, parse_exclude("h1,h2,h3"))
     with pytest.raises(UsageError, match="expected HOST or HOST:GPU"):
         parse_config(("x",), hosts="h1", exclude="h1:gpu0")
-    cfg = parse_config(("x",), hosts="h1:2,h2:2", exclude="h2,h1:0")
-    assert [h.name for h in cfg.host_specs()] == ["h1"]
+    from trainrun.launchspec import resolve
+
+    spec = resolve(parse_config(("x",), hosts="h1:2,h2:2", exclude="h2,h1:0"), {})
+    assert [h.name for h in spec.hosts.hosts] == ["h1"]
     facts = {"h1": HostFacts("h1", 4, "python", "0", gpus=(0, 1, 2))}
-    assert [a.gpus for a in assign(cfg, shape_job(cfg, cfg.host_specs()), facts)] == [(1,), (2,)]
+    assert [a.gpus for a in assign(spec.plan, shape_job(spec.plan, spec.hosts.hosts), facts)] == [(1,), (2,)]
 
 
 def test_perf_flags_need_check():

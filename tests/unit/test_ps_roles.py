@@ -84,13 +84,14 @@ def test_tf_config_has_the_whole_cluster_and_each_task():
 
 def test_make_plan_with_roles_from_facts():
     from trainrun.cli.config import LaunchConfig
+    from trainrun.launchspec import resolve
     from trainrun.plan.planner import make_plan, shape_job
 
     here = HostFacts(hostname="m", cpus=2, python="p", trainrun="t", free_port=4000, worker_ports=(4001, 4002, 4003, 4004))
-    cfg = LaunchConfig(command=("x.py",), tf_cluster=parse_roles("worker=2,ps=1"))
-    shape = shape_job(cfg, cfg.host_specs())
+    spec = resolve(LaunchConfig(command=("x.py",), tf_cluster=parse_roles("worker=2,ps=1")), {})
+    shape = shape_job(spec.plan, spec.hosts.hosts)
     assert shape.np == 4  # -np from the roles
-    plan = make_plan(cfg, shape, {"localhost": here}, "127.0.0.1", environ={})
+    plan = make_plan(spec.plan, shape, {"localhost": here}, "127.0.0.1", environ={})
     doc = json.loads(plan.procs[3].env["TF_CONFIG"])
     assert doc["cluster"] == {"chief": ["127.0.0.1:4001"], "worker": ["127.0.0.1:4002", "127.0.0.1:4003"],
                               "ps": ["127.0.0.1:4004"]}

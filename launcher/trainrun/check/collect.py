@@ -1,6 +1,11 @@
 """Collect what `trainrun --check` reports: every host's facts (in parallel, through the fan-out engine;
 with several hosts the same remote process then serves the NIC probe), the probe round, then the rank
 plan through the launch's own planner. report.py judges and renders.
+
+The check runs the launch's pipeline on the launch's resolved options (launchspec.LaunchSpec): the same
+HostSource, shape_job and assign, the NICs by net/choice's rule (`picked`: --network-interface, else the NICs
+of one name on every host; the same choice goes to the NIC cache a launch reads), TF addresses by
+plan/planner.host_addresses, and the same time for a host's first answer (Supervision.host_answer).
 """
 from __future__ import annotations
 
@@ -16,13 +21,13 @@ from trainrun.check.report import CheckReport, HostCheck, evaluate
 from trainrun.errors import HostError, UsageError
 from trainrun.facts.model import HostFacts
 from trainrun.fanout.python_pick import NO_PYTHON, no_python_error
-from trainrun.net.choice import probe_nics, save_nic_choice
+from trainrun.net.choice import picked, probe_nics, save_nic_choice
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.planner import JobShape, assign, requested_np, shape_job
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.base import ModuleChannel
+    from trainrun.launchspec import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -99,20 +104,20 @@ def _progress(done: int, total: int) -> None:
         sys.stderr.flush()
 
 
-def collect_hosts(hosts: list[HostSpec], cfg: LaunchConfig, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
+def collect_hosts(hosts: list[HostSpec], spec: LaunchSpec, engine, serve: bool = False) -> tuple[list[HostCheck], dict]:
     """Every host's HostCheck (in the given order) and, with `serve`, the reached remote hosts' running
     probe servers ({host: ProbeServer}; the caller closes their channels)."""
     remote = [h for h in hosts if not h.is_local or (engine is not None and engine.reaches_local)]
     unreached = engine.reach(remote) if remote else {}
-    timeout = cfg.ssh_timeout + 30
+    timeout = spec.supervision.host_answer
     results: dict[str, HostCheck] = {
         name: HostCheck(name, next(h.slots for h in hosts if h.name == name), err.stage,
                         f"{err.message} ({err.hint})" if err.hint else err.message)
         for name, err in unreached.items()}
     servers = {}
     todo = [h for h in hosts if h.name not in results]
-    with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(todo) or 1))) as pool:
-        workdir = cfg.workdir or os.getcwd()  # the ranks' working directory, as make_plan gives it
+    with ThreadPoolExecutor(max_workers=max(1, min(spec.reach.ssh_parallelism, len(todo) or 1))) as pool:
+        workdir = spec.plan.workdir or os.getcwd()  # the ranks' working directory, as make_plan gives it
         futures = {pool.submit(_remote_facts, engine, h, timeout, serve, workdir) if h in remote
                    else pool.submit(_local_facts, h, timeout, workdir): h for h in todo}
         _progress(len(results), len(hosts))
@@ -146,21 +151,21 @@ def nic_rows(reports: dict, routable: list, failures: list[str]) -> list[tuple]:
     return rows
 
 
-def run_check(cfg: LaunchConfig) -> CheckReport:
-    from trainrun.fanout.select import engine_for, host_source
+def run_check(spec: LaunchSpec) -> CheckReport:
+    from trainrun.fanout.select import engine_for
 
-    source = host_source(cfg, os.environ)
-    hosts = source.hosts
+    source = spec.hosts
+    hosts, opts = source.hosts, spec.plan
     problems = []
     try:
-        shape = shape_job(cfg, hosts, source.default_np)
+        shape = shape_job(opts, hosts, source.default_np)
     except UsageError as err:  # e.g. -np above the slots: a problem to report; the hosts are still checked
         shape, problems = JobShape(tuple(hosts), (0,) * len(hosts)), [str(err)]
     need_nic = len(hosts) > 1 and any(not h.is_local for h in hosts)  # all local: one machine
-    engine = engine_for(cfg, source) if any(not h.is_local for h in hosts) else None
+    engine = engine_for(spec.reach, source) if any(not h.is_local for h in hosts) else None
     servers: dict[str, ProbeServer] = {}
     try:
-        checks, servers = collect_hosts(hosts, cfg, engine, serve=need_nic)
+        checks, servers = collect_hosts(hosts, spec, engine, serve=need_nic)
         routable, reports, failures = [], {}, []
         reached = [c for c in checks if c.ok]
         if need_nic and len(reached) == len(hosts) and len(servers) == len(hosts):
@@ -171,30 +176,30 @@ def run_check(cfg: LaunchConfig) -> CheckReport:
                 problems.append(str(err))
         elif need_nic and len(servers) < len(hosts) and len(reached) == len(hosts):
             problems.append("the NIC probe needs every host reached remotely; list this machine by a remote-reachable name")
-        nic_names = [r.name for r in routable]
-        if cfg.network_interface:
-            pinned = list(cfg.network_interface)
-            missing = [n for n in pinned if n not in nic_names]
+        pinned = spec.nics.pinned
+        nic_names = list(picked(spec.nics, routable))  # what a launch on these hosts would choose
+        if pinned:
+            routable_names = [r.name for r in routable]
+            missing = [n for n in pinned if n not in routable_names]
             if need_nic and missing:
-                problems.append(f"--network-interface {','.join(missing)}: not routable between all hosts (routable: {', '.join(nic_names) or 'none'})")
-            nic_names = pinned
+                problems.append(f"--network-interface {','.join(missing)}: not routable between all hosts (routable: {', '.join(routable_names) or 'none'})")
         local = {h.name: c for h, c in zip(shape.hosts, shape.counts)}
-        more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not cfg.network_interface,
-                                  allow_gpu_sharing=cfg.allow_gpu_sharing, gpus_per_proc=cfg.gpus_per_proc,
-                                  mpi=cfg.mpi != "none" and cfg.tf_cluster is None)
+        more, warnings = evaluate(checks, nic_names, local, need_nic=need_nic and not pinned,
+                                  allow_gpu_sharing=opts.allow_gpu_sharing, gpus_per_proc=opts.gpus_per_proc,
+                                  mpi=opts.mpi != "none" and opts.tf_cluster is None)
         problems += more
         ranks, ps_rows = [], []
         if not problems:
-            ranks = assign(cfg, shape, {c.host: c.facts for c in checks})
-            if cfg.tf_cluster is not None:
-                ps_rows = ps_step(cfg, ranks, checks, nic_names, engine, problems)
-        if routable:
-            save_nic_choice(hosts, cfg, nic_names)
+            ranks = assign(opts, shape, {c.host: c.facts for c in checks})
+            if opts.tf_cluster is not None:
+                ps_rows = ps_step(spec, shape, ranks, checks, tuple(nic_names), engine, problems)
+        if routable and not pinned:  # the probe's choice, for the launch that follows (choose_nics reads it)
+            save_nic_choice(hosts, spec.nics, nic_names)
         perf = None
-        if cfg.perf:
-            perf = perf_step(cfg, engine, checks, routable, servers, problems)
+        if spec.perf:
+            perf = perf_step(spec, engine, checks, routable, servers, problems)
         return CheckReport(checks, nic_names, nic_rows(reports, routable, failures), ranks, problems, warnings,
-                           np=requested_np(cfg, hosts, source.default_np), source=source.reason, perf=perf,
+                           np=requested_np(opts, hosts, source.default_np), source=source.reason, perf=perf,
                            ps_rows=ps_rows)
     finally:
         for s in servers.values():
@@ -203,25 +208,29 @@ def run_check(cfg: LaunchConfig) -> CheckReport:
             engine.close()
 
 
-def ps_step(cfg: LaunchConfig, ranks, checks: list[HostCheck], nics: list[str], engine, problems: list[str]) -> list[tuple]:
+def ps_step(spec: LaunchSpec, shape: JobShape, ranks, checks: list[HostCheck], nics: tuple[str, ...], engine,
+            problems: list[str]) -> list[tuple]:
     """`--check --tf-cluster`: the roles placed as the launch places them, each host's ports (its table rows),
-    and every host reaching every ps on its port (problems appended). `engine`: None for a one-machine job
-    (checked in this process); a job mixing this machine with remote hosts lists the ports only."""
+    and every host reaching every ps on its port (problems appended), at the addresses a launch gives them
+    (plan/planner.host_addresses, the hosts by name as the check reached them). `engine`: None for a
+    one-machine job (checked in this process); a job mixing this machine with remote hosts lists the ports only."""
+    import socket
+
     from trainrun.check.ps_ports import port_rows, ps_targets, reach_problems
-    from trainrun.plan.planner import tf_workers
+    from trainrun.plan.planner import host_addresses, named_routes, tf_workers
     from trainrun.plan.roles import place_roles
 
     facts = {c.host: c.facts for c in checks}
     try:
-        assert cfg.tf_cluster is not None  # ps_step runs for --tf-cluster only
-        tasks = place_roles(cfg.tf_cluster, [a.host.name for a in ranks])
+        assert spec.plan.tf_cluster is not None  # ps_step runs for --tf-cluster only
+        tasks = place_roles(spec.plan.tf_cluster, [a.host.name for a in ranks])
     except UsageError as err:
         problems.append(str(err))
         return []
     names = sorted({a.host.name for a in ranks})
     local = all(c.via == "local" for c in checks)
     remote = not local and engine is not None and all(c.via != "local" for c in checks)
-    addresses = {h: ("127.0.0.1" if local else (nics and facts[h].address_on(nics[0])) or h) for h in names}
+    addresses = host_addresses(shape, facts, named_routes(shape.used, socket.gethostname()), nics)
     workers = tf_workers(ranks, facts, addresses)
     if local or remote:
         pythons = {c.host: c.facts.python for c in checks}
@@ -229,7 +238,7 @@ def ps_step(cfg: LaunchConfig, ranks, checks: list[HostCheck], nics: list[str], 
     return port_rows(tasks, ranks, workers)
 
 
-def perf_step(cfg: LaunchConfig, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):
+def perf_step(spec: LaunchSpec, engine, checks: list[HostCheck], routable: list, servers: dict, problems: list[str]):
     """`--perf`: the measurements (check/perf.py) when the job could run and every host is reached through
     the engine; otherwise only the sameness table from the facts, with the reason the rest was skipped."""
     from trainrun.check.perf import run_perf, versions_table
@@ -243,5 +252,5 @@ def perf_step(cfg: LaunchConfig, engine, checks: list[HostCheck], routable: list
     elif len(checks) > 1 and not routable:
         why = "no NIC routes between all hosts"
     else:
-        return run_perf(cfg, engine, facts, routable)
+        return run_perf(spec, engine, facts, routable)
     return PerfResult(list(facts), [], versions=versions_table(facts), skipped=[f"measurements: {why}"])

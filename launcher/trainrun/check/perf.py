@@ -43,10 +43,11 @@ from trainrun.check.perf_verdict import (
     round_robin,
     suspect_pairs,
 )
+from trainrun.net.choice import usable_names
 from trainrun.plan.hosts import format_hosts
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.launchspec import LaunchSpec
 
 DEFAULT_SECONDS = 0.5
 CLOCK_TRIES = 5
@@ -132,26 +133,27 @@ def link_seconds(perf_time: float | None, rounds: int, nics: int, hosts: int, co
     return max(0.1, min(3.0, (per_round_nic - ROUND_OVERHEAD_S) / 2))
 
 
-def run_perf(cfg: LaunchConfig, engine, facts: dict, routable: list) -> PerfResult:
+def run_perf(spec: LaunchSpec, engine, facts: dict, routable: list) -> PerfResult:
     """Measure the hosts of `facts` ({host: HostFacts}, all reached through `engine`) on the `routable` NICs
     (net.nics.RoutableNic). Never raises for a host's failure: it becomes a sample's error or `skipped`."""
     t_start = time.monotonic()
     hosts = list(facts)
-    nics = [r.name for r in routable if r.subnet is None]
+    nics = usable_names(routable)
     rounds = round_robin(hosts) if len(hosts) > 1 else []
-    collective = cfg.mpi != "none"
-    seconds = link_seconds(cfg.perf_time, len(rounds), len(nics), len(hosts), collective)
+    collective = spec.plan.mpi != "none"
+    perf_time = spec.perf_time
+    seconds = link_seconds(perf_time, len(rounds), len(nics), len(hosts), collective)
     reserve = COLLECTIVE_ESTIMATE_S if collective else 0.0
-    deadline = t_start + cfg.perf_time - reserve if cfg.perf_time else None
+    deadline = t_start + perf_time - reserve if perf_time else None
     result = PerfResult(hosts, nics, versions=versions_table(facts), rounds=len(rounds), seconds_per_direction=seconds,
-                        collective_nic=cfg.network_interface[0] if cfg.network_interface else "")
+                        collective_nic=spec.nics.pinned[0] if spec.nics.pinned else "")
     progress = Progress()
     token = secrets.token_hex(16)
     benches: dict[str, Bench] = {}
     try:
         progress(f"starting {len(hosts)} host probe(s)")
-        with ThreadPoolExecutor(max_workers=max(1, min(cfg.ssh_parallelism, len(hosts)))) as pool:
-            started = {h: pool.submit(Bench, engine, h, token, cfg.ssh_timeout + 30) for h in hosts}
+        with ThreadPoolExecutor(max_workers=max(1, min(spec.reach.ssh_parallelism, len(hosts)))) as pool:
+            started = {h: pool.submit(Bench, engine, h, token, spec.supervision.host_answer) for h in hosts}
             for h, fut in started.items():
                 try:
                     benches[h] = fut.result()
@@ -167,7 +169,7 @@ def run_perf(cfg: LaunchConfig, engine, facts: dict, routable: list) -> PerfResu
         if collective:
             progress("allreduce over the job's plan")
             left = None if deadline is None else deadline + reserve - time.monotonic()
-            result.collective, result.collective_error = run_collective(cfg, max(30.0, left or 120.0))
+            result.collective, result.collective_error = run_collective(spec, max(30.0, left or 120.0))
             lap(result.phases, "collective", mark)
     finally:
         progress.done()
@@ -309,28 +311,31 @@ def best_of(old: LinkSample, new: LinkSample) -> LinkSample:
     return replace(best, readings=tuple(round(v, 1) for v in readings))
 
 
-def launch_argv(cfg: LaunchConfig, program: list[str]) -> list[str]:
+def launch_argv(spec: LaunchSpec, program: list[str]) -> list[str]:
     """`python -m trainrun` with the check's hosts and options, running `program` (the job's own plan)."""
-    argv = [sys.executable, "-m", "trainrun", "--prefix", "none", "--mpi", cfg.mpi,
-            "--ssh-timeout", str(cfg.ssh_timeout), "--start-timeout", str(cfg.start_timeout)]
-    hosts = format_hosts(cfg.hosts) if cfg.hosts is not None else None  # -H or --hostfile's hosts, as -H
-    for flag, value in (("-np", cfg.num_proc), ("-H", hosts),
-                        ("-p", cfg.ssh_port), ("-i", cfg.ssh_identity_file), ("--ssh-config", cfg.ssh_config),
-                        ("--python", cfg.python), ("--network-interface", ",".join(cfg.network_interface) or None),
-                        ("--exclude", str(cfg.exclude) or None), ("--gpus-per-proc", cfg.gpus_per_proc)):
+    opts, reach, sup = spec.plan, spec.reach, spec.supervision
+    argv = [sys.executable, "-m", "trainrun", "--prefix", "none", "--mpi", opts.mpi, "--ssh-timeout", str(sup.ssh_timeout)]
+    if opts.mpi != "openmpi":  # (the MPI world forms inside mpirun there: cli/config.py refuses the option)
+        argv += ["--start-timeout", str(sup.start_timeout)]
+    given = spec.given_hosts
+    hosts = format_hosts(list(given)) if given is not None else None  # -H or --hostfile's hosts, as -H
+    for flag, value in (("-np", opts.num_proc), ("-H", hosts),
+                        ("-p", reach.ssh_port), ("-i", reach.ssh_identity_file), ("--ssh-config", reach.ssh_config),
+                        ("--python", reach.python), ("--network-interface", ",".join(spec.nics.pinned) or None),
+                        ("--exclude", str(opts.exclude) or None), ("--gpus-per-proc", opts.gpus_per_proc)):
         if value is not None:
             argv += [flag, str(value)]
-    for flag, on in (("--oversubscribe", cfg.oversubscribe), ("--ssh-strict", cfg.ssh_strict),
-                     ("--allow-gpu-sharing", cfg.allow_gpu_sharing)):
+    for flag, on in (("--oversubscribe", opts.oversubscribe), ("--ssh-strict", reach.ssh_strict),
+                     ("--allow-gpu-sharing", opts.allow_gpu_sharing)):
         if on:
             argv.append(flag)
     return argv + program
 
 
-def run_collective(cfg: LaunchConfig, timeout: float) -> tuple[list[CollectiveSample], str]:
+def run_collective(spec: LaunchSpec, timeout: float) -> tuple[list[CollectiveSample], str]:
     """Launch the allreduce benchmark over the job's plan; (samples, "") or ([], why not)."""
-    python = cfg.python or sys.executable
-    argv = launch_argv(cfg, [python, "-m", "trainrun.check.allreduce_bench", *map(str, COLLECTIVE_SIZES)])
+    python = spec.plan.python or sys.executable
+    argv = launch_argv(spec, [python, "-m", "trainrun.check.allreduce_bench", *map(str, COLLECTIVE_SIZES)])
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:

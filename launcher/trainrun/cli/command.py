@@ -118,7 +118,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
               help="mpich: trainrun serves the MPI world (PMI-1); openmpi: run through Open MPI's mpirun; none: no MPI world.")
 @click.option("--tf-cluster", type=Roles(), metavar="ROLES",
               help="TensorFlow parameter-server cluster: ps=2 (1 chief, the rest workers) or chief=1,worker=4,ps=2,evaluator=1; no MPI world.")
-@click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds for all ranks to join the MPI world once the first has.")
+@click.option("--start-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="S", help="Seconds for all ranks to join the MPI world once the first has.  [default: 120]")
 @click.option("-p", "--ssh-port", type=click.IntRange(1, 65535), help="SSH port of the remote hosts (default: ssh config, else 22).")
 @click.option("-i", "--ssh-identity-file", metavar="FILE", help="SSH private key for the remote hosts.")
 @click.option("--ssh-config", metavar="FILE", help="OpenSSH client config to honour (default ~/.ssh/config).")

@@ -3,7 +3,8 @@
 The user's strings are parsed here, once (`parse_config`): `-H` and `--hostfile` into HostSpecs, `--exclude`
 into an Exclusion, `--network-interface` into NIC names, `--ranks` into a rank set, `-x` into (name, value)
 pairs. LaunchConfig holds only such typed values (paths and program words aside), so no later layer parses
-an option again.
+an option again. It runs nothing: the launch step (launchspec.resolve) turns it once into the narrow specs
+the layers below take (the discovery script is run there), and no layer below that sees a LaunchConfig.
 
 A `--config FILE.yaml` may set any option by its CLI name (`np`, `hosts`, `grace`, `output-dir`,
 `x`, ... with dashes or underscores); the command line overrides the file. Keys are checked against
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 import click
 
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import Exclusion, HostSpec, apply_exclude, parse_exclude, parse_hosts_arg, read_hostfile
+from trainrun.plan.hosts import Exclusion, HostSpec, parse_exclude, parse_hosts_arg, read_hostfile
 from trainrun.plan.roles import RoleCounts
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class LaunchConfig:
     hang_timeout: float | None = None
     grace: float = 3.0
     mpi: str = "mpich"
-    start_timeout: float = 120.0
+    start_timeout: float | None = None  # None: supervisor/supervision.Supervision's default (120 s)
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     ssh_config: str | None = None
@@ -104,15 +105,22 @@ class LaunchConfig:
             raise UsageError("--perf-strict and --perf-time go with --perf; write --check --perf --perf-strict")
         if self.perf and not self.check:
             raise UsageError("--perf goes with --check; write trainrun -H ... --check --perf")
+        self._check_openmpi()
 
-    def shown_ranks(self, size: int) -> frozenset[int] | None:
-        """--ranks (None: every rank); UsageError if it names a rank >= size (the job's size is known late)."""
-        ranks = self.show_ranks
-        if ranks is not None and (beyond := [r for r in ranks if r >= size]):
-            from trainrun.rankset import format_ranks
-
-            raise UsageError(f"--ranks {format_ranks(ranks)}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
-        return ranks
+    def _check_openmpi(self) -> None:
+        """The options `--mpi openmpi` cannot honour, refused (each one line): what they watch does not reach
+        trainrun through mpirun (the ranks' diag pipe, their PMI joins)."""
+        if self.mpi != "openmpi":
+            return
+        if self.hang_timeout is not None:
+            raise UsageError("--hang-timeout with --mpi openmpi: the ranks' progress does not reach trainrun through "
+                             "mpirun, so a rank training without output would be taken for hung; use --mpi mpich")
+        if self.start_timeout is not None:
+            raise UsageError("--start-timeout with --mpi openmpi: the MPI world forms inside mpirun, where trainrun "
+                             "cannot time it; drop --start-timeout or use --mpi mpich")
+        if self.monitor or (self.json and not (self.dry_run or self.check)):
+            raise UsageError("--monitor/--json with --mpi openmpi: the ranks' step counters do not reach trainrun "
+                             "through mpirun; use --mpi mpich")
 
     def _check_elastic(self) -> None:
         lo, hi, np = self.min_np, self.max_np, self.num_proc
@@ -152,7 +160,8 @@ class LaunchConfig:
 
     def elastic_settings(self) -> ElasticSettings | _NotElastic:
         """The elastic options as one ElasticSettings (supervisor/restart_policy.py). --max-restarts defaults to 0,
-        or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script)."""
+        or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script). Built once per
+        launch, by the launch step (launchspec.resolve), which hands it down."""
         if not self.elastic:
             return NOT_ELASTIC  # the usual launch: no policy module (and its dataclasses) on the start-up path
         from trainrun.supervisor.restart_policy import ElasticSettings
@@ -164,29 +173,10 @@ class LaunchConfig:
                                self.blacklist_cooldown_range,
                                self.elastic_timeout, self.warm_ranks, self.max_backoff)
 
-    def host_specs(self) -> list[HostSpec]:
-        """The hosts of -H or --hostfile, or those --host-discovery-script lists now (it runs once); without
-        any, this machine with -np slots (UsageError without -np: fanout/select.py first looks for a Slurm
-        allocation to take the hosts from). Less those --exclude names: every planning path starts here."""
-        if self.host_discovery_script:
-            from trainrun.supervisor.discovery import run_script
-
-            specs = run_script(self.host_discovery_script)
-        elif self.hosts is not None:
-            specs = list(self.hosts)
-        elif (np := self.num_proc or (self.tf_cluster.total if self.tf_cluster else None)) is None:
-            raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
-        else:
-            specs = [HostSpec("localhost", np)]
-        return self.without_excluded(specs)
-
-    def without_excluded(self, specs: list[HostSpec]) -> list[HostSpec]:
-        """`specs` less the hosts --exclude names (a Slurm allocation's hosts go through here too)."""
-        return apply_exclude(specs, self.exclude) if self.exclude else specs
-
     def exported_env(self, environ: Mapping[str, str]) -> dict[str, str]:
         """`-x NAME=VALUE` and `-x NAME` (value taken from the launcher's environment), and TRAINRUN_HOROVOD
-        (--horovod, else the launcher's or -x's TRAINRUN_HOROVOD, else trainrun; UsageError for another value)."""
+        (--horovod, else the launcher's or -x's TRAINRUN_HOROVOD, else trainrun; UsageError for another value).
+        Called once per launch, by the launch step (launchspec.plan_options), which hands the result down."""
         out = {}
         for name, given in self.export:
             if given is None:

@@ -4,21 +4,55 @@
     inside a Slurm allocation       the allocation's hosts and slots, through srun (SLURM_JOB_ID set; auto or slurm)
     neither                         this machine, -np slots
 
-The decision and its reason are one value (HostSource) so that --dry-run and --check can say why.
+The decision and its reason are one value (HostSource) so that --dry-run and --check can say why. Its input
+(HostRequest) holds the hosts as the user gave them, already read (a hostfile) or run (a discovery script's
+first answer): the launch step (launchspec.resolve) makes both once, and every mode takes the HostSource.
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
 from trainrun.errors import UsageError
-from trainrun.plan.hosts import HostSpec
+from trainrun.plan.hosts import Exclusion, HostSpec, apply_exclude
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.base import FanoutEngine
     from trainrun.slurm.allocation import Allocation
+
+
+@dataclass(frozen=True)
+class HostRequest:
+    """Where the user said the hosts are: `given` (-H's, --hostfile's or --host-discovery-script's first answer;
+    None: none given), `flag` (which of those, for the reason line), `engine` (--engine: auto, ssh, slurm),
+    `exclude` (--exclude), `local_np` (-np, else --tf-cluster's task count: this machine's slots when no host
+    is given)."""
+
+    given: tuple[HostSpec, ...] | None = None
+    flag: str | None = None
+    engine: str = "auto"
+    exclude: Exclusion = Exclusion()
+    local_np: int | None = None
+
+
+@dataclass(frozen=True)
+class ReachOptions:
+    """How remote hosts are reached: the SSH options (None: the ssh config's, then OpenSSH's defaults),
+    --ssh-parallelism, and --python (None: the launcher's path where it exists, else python3)."""
+
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    ssh_config: str | None = None
+    ssh_strict: bool = False
+    ssh_timeout: float = 15.0
+    ssh_parallelism: int = 64
+    python: str | None = None
+
+    @property
+    def cache_key(self) -> tuple[str, ...]:
+        """What tells two ways of reaching the same host names apart (net/choice.py's NIC cache key)."""
+        return str(self.ssh_config), str(self.ssh_port), str(self.ssh_identity_file)
 
 
 @dataclass(frozen=True)
@@ -30,40 +64,53 @@ class HostSource:
     allocation: Allocation | None = None  # when the hosts or the engine are Slurm's
 
 
-def host_source(cfg: LaunchConfig, environ: Mapping[str, str]) -> HostSource:
-    """Raises UsageError for --engine slurm outside an allocation, or a malformed Slurm environment."""
+def host_source(req: HostRequest, environ: Mapping[str, str]) -> HostSource:
+    """Raises UsageError for --engine slurm outside an allocation, a malformed Slurm environment, no host and
+    no -np, or an --exclude that names no host of the job or leaves none."""
     alloc = None
-    if cfg.engine != "ssh" and ("SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ):
+    if req.engine != "ssh" and ("SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ):
         from trainrun.slurm.allocation import Allocation
 
         alloc = Allocation.from_environ(environ)
-    if cfg.engine == "slurm" and alloc is None:
+    if req.engine == "slurm" and alloc is None:
         raise UsageError("--engine slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run inside salloc or an "
                          "sbatch script, or submit with trainrun --sbatch")
-    if cfg.host_discovery_script:
-        return HostSource(cfg.host_specs(), "ssh", "hosts from --host-discovery-script (its list now; it runs again "
-                          "every second)", allocation=alloc)
-    if cfg.hosts is not None:
-        engine = "slurm" if cfg.engine == "slurm" else "ssh"
-        flag = "--hostfile" if cfg.hostfile else "-H"
-        return HostSource(cfg.host_specs(), engine, f"hosts from {flag}, reached over {engine}", allocation=alloc)
+    if req.given is not None and req.flag == "--host-discovery-script":
+        return HostSource(_kept(list(req.given), req.exclude), "ssh", "hosts from --host-discovery-script (its "
+                          "list now; it runs again every second)", allocation=alloc)
+    if req.given is not None:
+        engine = "slurm" if req.engine == "slurm" else "ssh"
+        return HostSource(_kept(list(req.given), req.exclude), engine, f"hosts from {req.flag}, reached over {engine}",
+                          allocation=alloc)
     if alloc is not None:
-        hosts = cfg.without_excluded([HostSpec(h.name, h.slots) for h in alloc.hosts])
-        why = "--engine slurm" if cfg.engine == "slurm" else "inside a Slurm allocation (SLURM_JOB_ID) with no -H/--hostfile"
+        hosts = _kept([HostSpec(h.name, h.slots) for h in alloc.hosts], req.exclude)
+        why = "--engine slurm" if req.engine == "slurm" else "inside a Slurm allocation (SLURM_JOB_ID) with no -H/--hostfile"
         return HostSource(hosts, "slurm", f"{alloc.describe()}; hosts and slots from the allocation, reached through srun "
                           f"({why})", default_np=alloc.default_np, allocation=alloc)
-    return HostSource(cfg.host_specs(), "ssh", "no hosts given: this machine")
+    if req.local_np is None:
+        raise UsageError("-np is required when no hosts are given (-np N alone runs N ranks on this machine)")
+    return HostSource(_kept([HostSpec("localhost", req.local_np)], req.exclude), "ssh", "no hosts given: this machine")
 
 
-def engine_for(cfg: LaunchConfig, source: HostSource) -> FanoutEngine:
+def _kept(specs: list[HostSpec], exclude: Exclusion) -> list[HostSpec]:
+    """`specs` less the hosts --exclude names: every mode's hosts come through here."""
+    return apply_exclude(specs, exclude) if exclude else specs
+
+
+def engine_for(reach: ReachOptions, source: HostSource) -> FanoutEngine:
     """The engine that reaches this job's remote hosts. SSH imports paramiko (only jobs with remote hosts)."""
-    python = cfg.python or sys.executable
+    python = reach.python or sys.executable
     if source.engine == "slurm":
         from trainrun.fanout.srun_engine import SrunEngine
 
         assert source.allocation is not None  # host_source picks the slurm engine only inside an allocation
 
-        return SrunEngine(source.allocation, python, strict_python=cfg.python is not None)
-    from trainrun.fanout.ssh_engine import SSHEngine, ssh_options
+        return SrunEngine(source.allocation, python, strict_python=reach.python is not None)
+    from trainrun.fanout.ssh import SSHOptions
+    from trainrun.fanout.ssh_engine import SSHEngine
 
-    return SSHEngine(ssh_options(cfg), python, cfg.ssh_parallelism, strict_python=cfg.python is not None)
+    # None fields fall back to the ssh config, then OpenSSH's defaults (SSHOptions' own default config path)
+    opts = SSHOptions(port=reach.ssh_port, identity_file=reach.ssh_identity_file, strict=reach.ssh_strict,
+                      connect_timeout=reach.ssh_timeout)
+    return SSHEngine(replace(opts, ssh_config=reach.ssh_config) if reach.ssh_config else opts, python,
+                     reach.ssh_parallelism, strict_python=reach.python is not None)

@@ -7,29 +7,16 @@ a NEW connection (the old one may be wedged behind a stopped agent or a dead lin
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
-
 from trainrun.errors import HostError
 from trainrun.fanout import ssh
 from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
 from trainrun.plan.hosts import HostSpec
-
-if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
 
 
 def python_module_command(python: str, module: str, *args: str, strict: bool = False) -> str:
     """The shell line that runs `python -m module args...` on a host: the requested interpreter if it
     exists there, else python3 (the --python rule, python_pick.py); with `strict` (--python given) that one only."""
     return ssh.remote_command(python_module_argv(python, module, *args, strict=strict))
-
-
-def ssh_options(cfg: LaunchConfig) -> ssh.SSHOptions:
-    """SSHOptions from the launch options (None fields fall back to the ssh config, then OpenSSH defaults)."""
-    opts = ssh.SSHOptions(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file, strict=cfg.ssh_strict,
-                          connect_timeout=cfg.ssh_timeout)
-    return replace(opts, ssh_config=cfg.ssh_config) if cfg.ssh_config else opts
 
 
 class SSHLink:

@@ -2,23 +2,32 @@
 
 `choose_nics` is what a launch exports as NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME/UCX_NET_DEVICES:
 --network-interface when given, else the last hour's choice for the same host set (while those NICs are
-still up everywhere), else a fresh probe's. `--check` records its probe's choice the same way.
+still up everywhere), else a fresh probe's. The one rule of which probed NICs count is `usable_names`
+(NICs of one name on every host); `--check` applies it to its own probe round and records the result in the
+same cache, so a check and the launch after it name the same NICs.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from typing import TYPE_CHECKING, Mapping
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from trainrun.facts.model import HostFacts
 from trainrun.plan.hosts import HostSpec
 
-if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
-
 CACHE_TTL = 3600.0
+
+
+@dataclass(frozen=True)
+class NicOptions:
+    """`pinned`: --network-interface's NICs (() : the probe chooses). `no_cache`: --no-cache. `reached_as`: how
+    the hosts are reached (fanout/select.ReachOptions.cache_key): one cache entry per host set as reached."""
+
+    pinned: tuple[str, ...] = ()
+    no_cache: bool = False
+    reached_as: tuple[str, ...] = ()
 
 
 def cache_dir() -> str:
@@ -41,24 +50,38 @@ def probe_nics(engine, hosts: list[str], python, include_excluded: bool = False,
     return result.routable(include_excluded), result.reports, result.failures()
 
 
-def choose_nics(cfg: LaunchConfig, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
-    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one host.
+def usable_names(routable: Sequence) -> list[str]:
+    """The names of the routable NICs (net/nics.RoutableNic) a job can use: those with one name on every host
+    (a NIC matched by subnet under different names cannot be named in NCCL_SOCKET_IFNAME). Pure."""
+    return [r.name for r in routable if r.subnet is None]
+
+
+def picked(opts: NicOptions, routable: Sequence) -> tuple[str, ...]:
+    """The NICs a job with this probe result uses: --network-interface's when given, else usable_names. Pure."""
+    return opts.pinned or tuple(usable_names(routable))
+
+
+def choose_nics(opts: NicOptions, hosts: list[HostSpec], engine, facts: Mapping[str, HostFacts]) -> tuple[str, ...]:
+    """The NICs a multi-host launch exports (NICs with the same name on every host); () for one machine. Every
+    mode asks this (a launch, each elastic attempt, --dry-run, --mpi openmpi; --check applies `picked`).
     When this machine is one of the hosts and `engine` cannot reach it (SSH), its side of the probe runs here
     as a child process: a launch from one of the hosts gets the same choice as one from outside them.
     `facts`: every host's HELLO facts (their NIC lists tell whether a cached choice still holds)."""
-    if cfg.network_interface:
-        return cfg.network_interface
-    if len(hosts) < 2 or any(h.name not in facts for h in hosts):
-        return ()
+    if len(hosts) < 2 or all(h.is_local for h in hosts):
+        return ()  # one machine: no NIC between hosts to choose (whatever --network-interface says)
+    if opts.pinned:
+        return opts.pinned
+    if any(h.name not in facts for h in hosts):
+        return ()  # hosts not reached (--dry-run, --mpi openmpi): no probe without them
     local = {h.name for h in hosts if h.is_local}
     if local and not engine.reaches_local:
         engine = _HereToo(engine, local)
-    cached = None if cfg.no_cache else cached_nic_choice(hosts, cfg)
+    cached = None if opts.no_cache else cached_nic_choice(hosts, opts)
     if cached is not None and nics_present(cached, facts):
         return tuple(cached)
     routable, _, _ = probe_nics(engine, [h.name for h in hosts], {h.name: facts[h.name].python for h in hosts})
-    names = [r.name for r in routable if r.subnet is None]
-    save_nic_choice(hosts, cfg, names)
+    names = usable_names(routable)
+    save_nic_choice(hosts, opts, names)
     return tuple(names)
 
 
@@ -67,23 +90,25 @@ def nics_present(nics, facts: Mapping[str, HostFacts]) -> bool:
     return all((nic := f.nic(name)) is not None and nic.usable for name in nics for f in facts.values())
 
 
-def _cache_path(hosts: list[HostSpec], cfg: LaunchConfig) -> str:
+def _cache_path(hosts: list[HostSpec], opts: NicOptions) -> str:
     """One cache entry per host set *as reached*: the same names through another ssh config or port
     (another cluster, another testbed) must not share a NIC choice."""
-    ident = [",".join(sorted(str(h) for h in hosts)), str(cfg.ssh_config), str(cfg.ssh_port), str(cfg.ssh_identity_file)]
+    import hashlib  # (here: a launch of one machine never needs it, and it costs ms at start-up)
+
+    ident = [",".join(sorted(str(h) for h in hosts)), *opts.reached_as]
     key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
     return os.path.join(cache_dir(), f"nics-{key}.json")
 
 
-def save_nic_choice(hosts: list[HostSpec], cfg: LaunchConfig, nics: list[str]) -> None:
+def save_nic_choice(hosts: list[HostSpec], opts: NicOptions, nics: list[str]) -> None:
     os.makedirs(cache_dir(), exist_ok=True)
-    with open(_cache_path(hosts, cfg), "w") as f:
+    with open(_cache_path(hosts, opts), "w") as f:
         json.dump({"time": time.time(), "nics": nics}, f)
 
 
-def cached_nic_choice(hosts: list[HostSpec], cfg: LaunchConfig) -> list[str] | None:
+def cached_nic_choice(hosts: list[HostSpec], opts: NicOptions) -> list[str] | None:
     try:
-        with open(_cache_path(hosts, cfg)) as f:
+        with open(_cache_path(hosts, opts)) as f:
             doc = json.load(f)
     except (OSError, ValueError):
         return None

@@ -20,27 +20,30 @@ from typing import TYPE_CHECKING
 
 from trainrun import log
 from trainrun.plan.envcontract import forwarded_env
-from trainrun.plan.planner import JobShape, host_address, make_plan, master_address
+from trainrun.plan.planner import JobShape, PlanOptions, plan_job
 from trainrun.supervisor.job import Job
 from trainrun.supervisor.local import LocalRanks
-from trainrun.supervisor.output import sink_for
+from trainrun.supervisor.output import OutputOptions, sink_for
+from trainrun.supervisor.supervision import Supervision
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
     from trainrun.fanout.agents import AgentRanks
+    from trainrun.plan.spec import LaunchPlan
     from trainrun.supervisor.control import ControlServer
     from trainrun.supervisor.exit_policy import ExitPolicy
     from trainrun.supervisor.groups import RankGroup
+    from trainrun.supervisor.job_output import JobOutput
     from trainrun.supervisor.spares import SparePool
 
 
-def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRanks], facts: dict,
-                 nics: tuple[str, ...], *, slurm: bool, attempt: int | None = None,
+def assemble_job(opts: PlanOptions, sup: Supervision, out: OutputOptions, shape: JobShape,
+                 agents: dict[str, AgentRanks], facts: dict, nics: tuple[str, ...], *, slurm: bool, attempt: int | None = None,
                  control: ControlServer | None = None, host_updates: bool = True,
                  spares: SparePool | None = None, policy: ExitPolicy | None = None) -> Job:
     """The Job that runs `shape`'s ranks: this machine's under a LocalRanks, each remote host's through its
     agent in `agents` (one per remote host of `shape`, each with its HELLO facts also in `facts`, which holds
-    every used host's). `nics`: the NICs the ranks use (() for one host).
+    every used host's). `nics`: the NICs the ranks use (() for one host). `opts`, `sup`, `out`: the launch's
+    resolved options (launchspec.py): what planning reads, every timeout, the output.
 
     `attempt`: None for a static job, else the elastic attempt number: the ranks get TRAINRUN_RESTART_COUNT
     and TRAINRUN_ELASTIC. `policy`: how the Job judges its ranks' exits (exit_policy.py): the elastic loop's
@@ -51,9 +54,7 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
     (a broadcast from rank 0 per commit: a fifth of a 1 MiB commit's time). `spares`: an elastic job's warm
     ranks for this machine's ranks (supervisor/spares.py)."""
     routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
-    addresses = {h.name: host_address(h, facts, routes, nics) for h in shape.used}
-    plan = make_plan(cfg, shape, facts, master_address(shape.used[0], facts, routes, nics), nics,
-                     slurm=slurm, addresses=addresses)
+    plan = plan_job(opts, shape, facts, routes, nics, slurm=slurm)
     if attempt is None:
         log.info("job %s: %d rank(s) on %s", plan.job.job_id, len(plan.procs), ", ".join(plan.by_host()))
     else:
@@ -63,28 +64,35 @@ def assemble_job(cfg: LaunchConfig, shape: JobShape, agents: dict[str, AgentRank
                                "TRAINRUN_HOST_UPDATES": "1" if host_updates else "0"})
         log.info("attempt %d: job %s, %d rank(s) on %s", attempt, plan.job.job_id, len(plan.procs),
                  ", ".join(plan.by_host()))
-    ps = cfg.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
-    by_host, mpi = plan.by_host(), cfg.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
+    ps = opts.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
+    by_host, mpi = plan.by_host(), opts.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
     local = [p for p in plan.procs if p.host not in agents]
     if mpi:
         check_shm_room(by_host, facts, set(agents))
     groups: list[RankGroup] = [LocalRanks(local, pmi=mpi, control=control, spares=spares)] if local else []
     forward = forwarded_env(os.environ)
     for name, agent in agents.items():
-        agent.assign(by_host[name], pmi=mpi, python=cfg.python or sys.executable, env=forward,
-                     heartbeat_timeout=cfg.heartbeat_timeout, restartable=ps)
+        agent.assign(by_host[name], pmi=mpi, python=opts.python or sys.executable, env=forward,
+                     heartbeat_timeout=sup.heartbeat_timeout, restartable=ps)
         groups.append(agent)
-    sink = sink_for(cfg, len(plan.procs))
+    sink = sink_for(out, len(plan.procs))
     if policy is None and ps:
         from trainrun.supervisor.ps_policy import PsPolicy
 
-        policy = PsPolicy(plan.job.tf_tasks, cfg.ps_restarts)
-    job = Job(plan, sink, groups, grace=cfg.grace, start_timeout=cfg.start_timeout, hang_timeout=cfg.hang_timeout,
-              output_dir=cfg.output_dir, policy=policy)
-    if cfg.monitor or cfg.json:  # the live view / JSON events: their module only when asked (import rule)
+        policy = PsPolicy(plan.job.tf_tasks, sup.ps_restarts)
+    return supervised(plan, sink, groups, sup, out, policy=policy)
+
+
+def supervised(plan: LaunchPlan, sink: JobOutput, groups: list[RankGroup], sup: Supervision, out: OutputOptions,
+               policy: ExitPolicy | None = None) -> Job:
+    """The one Job constructor of every mode (a static job, an elastic attempt, --mpi openmpi's mpirun): the
+    timeouts of `sup`, --output-dir, and --monitor/--json's live view when asked."""
+    job = Job(plan, sink, groups, grace=sup.grace, start_timeout=sup.start_timeout, hang_timeout=sup.hang_timeout,
+              output_dir=out.output_dir, policy=policy)
+    if out.monitor or out.json:  # the live view / JSON events: their module only when asked (import rule)
         from trainrun.supervisor import monitor
 
-        monitor.attach_to_job(job, cfg.monitor, cfg.json)
+        monitor.attach_to_job(job, out.monitor, out.json)
     return job
 
 

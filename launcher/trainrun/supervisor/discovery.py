@@ -90,17 +90,18 @@ def _bounded_run(path: str) -> tuple[int, bytes | None, bytes]:
 
 
 class LiveHosts:
-    """`current()`: the hosts available now. Fixed hosts, or the discovery script's latest good answer
-    (a failing run keeps the previous answer and logs a warning)."""
+    """`current()`: the hosts available now. `first`: the hosts to start with: the fixed -H/--hostfile list, or
+    the discovery script's first answer (run once by the launch step, launchspec.resolve, whose errors end the
+    launch). With `script`, it runs again every DISCOVERY_EVERY s from then on, and `current()` is its latest
+    good answer (a failing run keeps the previous answer and logs a warning)."""
 
-    def __init__(self, fixed: list[HostSpec] | None = None, script: str | None = None):
+    def __init__(self, first: list[HostSpec] | None = None, script: str | None = None):
         self.script = script
-        self._hosts = list(fixed or [])
+        self._hosts = list(first or [])
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if script:
-            self._hosts = run_script(script)  # the first answer decides the first attempt; errors end the launch
             self._thread = threading.Thread(target=self._loop, name="trainrun-discovery", daemon=True)
             self._thread.start()
 

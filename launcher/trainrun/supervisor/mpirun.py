@@ -8,6 +8,11 @@ coordinates from Open MPI's OMPI_COMM_WORLD_* variables and sets the same env co
 mpirun runs as the one process of a LocalRanks group (MpirunRanks), under the same Job as any launch
 (so this module sits in the supervisor, not in mpiworld/, which the supervisor builds on). Placement: `--map-by slot` over `-H host:slots` is trainrun's block placement.
 GPU assignment (TRAINRUN_GPUS) is not done on this path.
+
+The plan is the launch's own (launch.unreached_plan: MASTER_ADDR and the NICs by the launch's rules) and the
+Job is built by the same constructor as every other mode's (assemble.supervised: --grace, --output-dir). What
+mpirun keeps from trainrun (the ranks' progress and PMI joins) is what --hang-timeout, --start-timeout and
+--monitor/--json watch: cli/config.py refuses them with --mpi openmpi, each in one line.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from trainrun.errors import UsageError
 from trainrun.plan.envcontract import rank_env
 from trainrun.plan.spec import LaunchPlan
 from trainrun.supervisor.local import LocalRanks
-from trainrun.supervisor.output import OutputSink
+from trainrun.supervisor.output import OutputOptions, OutputSink
+from trainrun.supervisor.supervision import Supervision
 
 _TAG = re.compile(rb"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$", re.S)
 
@@ -107,12 +113,14 @@ class MpirunRanks(LocalRanks):
     (its output is retagged per rank by RetaggingSink)."""
 
 
-def run_openmpi(plan: LaunchPlan, sink: OutputSink, *, oversubscribe: bool, grace: float, nics: tuple[str, ...] = ()) -> int:
-    """Run the plan under mpirun; returns the launcher's exit code and prints a summary on failure."""
+def run_openmpi(plan: LaunchPlan, sink: OutputSink, sup: Supervision, out: OutputOptions, *, oversubscribe: bool,
+                nics: tuple[str, ...] = ()) -> int:
+    """Run the plan under mpirun; returns the launcher's exit code and prints a summary on failure. `sup`,
+    `out`: the launch's resolved options (launchspec.py), as every mode's Job takes them."""
     from dataclasses import replace
 
     from trainrun.plan.hosts import is_local_name
-    from trainrun.supervisor.job import Job
+    from trainrun.supervisor.assemble import supervised
 
     # Open MPI's segments of a killed job stay in /dev/shm; on this machine, give them a directory of
     # their own to remove. (Remote hosts would need it to exist there: left to Open MPI's default.)
@@ -123,7 +131,7 @@ def run_openmpi(plan: LaunchPlan, sink: OutputSink, *, oversubscribe: bool, grac
         os.makedirs(shm_dir, mode=0o700, exist_ok=True)
     one = LaunchPlan(plan.job, (replace(plan.procs[0], argv=tuple(argv), env={}),))
     try:
-        result = Job(one, RetaggingSink(sink), [MpirunRanks(list(one.procs))], grace=grace).run()
+        result = supervised(one, RetaggingSink(sink), [MpirunRanks(list(one.procs))], sup, out).run()
     finally:
         if shm_dir:
             shutil.rmtree(shm_dir, ignore_errors=True)

@@ -22,9 +22,11 @@ import os
 import re
 import sys
 import time
+from dataclasses import dataclass
+
+from trainrun.errors import UsageError
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
     from trainrun.supervisor.fold import Folded, Folder
 from collections import deque
 
@@ -231,13 +233,36 @@ class OutputSink:
         self._files.clear()
 
 
-def sink_for(cfg: LaunchConfig, size: int) -> OutputSink:
+@dataclass(frozen=True)
+class OutputOptions:
+    """What the user asked of a job's output, resolved once (launchspec.resolve): --prefix, --output-dir,
+    --fold, --ranks (`show_ranks`, None: every rank), and the live views --monitor and --json (for a running
+    job: JSON events; for --dry-run and --check: the printout as JSON)."""
+
+    prefix: str = "rank"
+    output_dir: str | None = None
+    fold: bool = False
+    show_ranks: frozenset[int] | None = None
+    monitor: bool = False
+    json: bool = False
+
+    def shown(self, size: int) -> frozenset[int] | None:
+        """--ranks (None: every rank); UsageError if it names a rank >= size (the job's size is known late)."""
+        ranks = self.show_ranks
+        if ranks is not None and (beyond := [r for r in ranks if r >= size]):
+            from trainrun.rankset import format_ranks
+
+            raise UsageError(f"--ranks {format_ranks(ranks)}: the job has ranks 0-{size - 1}, not {format_ranks(beyond)}")
+        return ranks
+
+
+def sink_for(opts: OutputOptions, size: int) -> OutputSink:
     """The console and --output-dir writer of a job of `size` ranks, as the options ask: --prefix, --ranks,
     --fold. (Raises UsageError for a --ranks beyond the job.)"""
-    show = cfg.shown_ranks(size)
+    show = opts.shown(size)
     folder = None
-    if cfg.fold:
+    if opts.fold:
         from trainrun.supervisor.fold import Folder
 
         folder = Folder(sorted(show) if show is not None else range(size))
-    return OutputSink(cfg.prefix, cfg.output_dir, show=show, folder=folder)
+    return OutputSink(opts.prefix, opts.output_dir, show=show, folder=folder)

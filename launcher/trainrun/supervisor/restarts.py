@@ -16,7 +16,6 @@ the ranks committed with them (supervisor/control.py: a /dev/shm segment per hos
 """
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -24,8 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trainrun import log
-from trainrun.cli.config import LaunchConfig
-from trainrun.errors import HostsError, TrainrunError
+from trainrun.errors import HostsError
 from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape
 from trainrun.supervisor.discovery import LiveHosts
@@ -36,9 +34,9 @@ if TYPE_CHECKING:
     from trainrun.fanout.agents import AgentRanks
     from trainrun.fanout.base import FanoutEngine
     from trainrun.fanout.elastic_agents import AgentPool
+    from trainrun.launchspec import LaunchSpec
     from trainrun.supervisor.spares import SparePool
 
-AGENT_START_SLACK = 30.0
 IDLE_TICK = 0.2
 
 
@@ -56,16 +54,18 @@ def _for(seconds: float) -> str:
 
 
 class ElasticLoop:
-    def __init__(self, cfg: LaunchConfig, settings: ElasticSettings, source: LiveHosts, origin=None):
-        """`origin`: fanout.select's HostSource (where the hosts come from, which engine reaches them)."""
+    def __init__(self, spec: LaunchSpec, settings: ElasticSettings, source: LiveHosts):
+        """`spec`: the launch's resolved options (launchspec.py; its HostSource says where the hosts come from
+        and which engine reaches them); `settings`: its elastic settings; `source`: the hosts over time."""
         from trainrun.supervisor.control import ControlServer, SegmentStore
 
-        self.cfg, self.settings, self.source, self.origin = cfg, settings, source, origin
+        self.spec, self.settings, self.source, self.origin = spec, settings, source, spec.hosts
         self.book = HostBook(settings.cooldown)
+        num_proc = spec.plan.num_proc
         if settings.sizing:  # the cap: --max-np, else -np, else every slot there is
-            self.np = cfg.max_np or cfg.num_proc or 1 << 30
+            self.np = settings.max_np or num_proc or 1 << 30
         else:
-            self.np = cfg.num_proc if cfg.num_proc is not None else sum(h.slots for h in source.current())
+            self.np = num_proc if num_proc is not None else sum(h.slots for h in source.current())
         self.failures: list[FailureRecord] = []
         self.restarts = 0       # restarts after failures (what --max-restarts limits)
         self.attempt = 0        # attempts started so far - 1: TRAINRUN_RESTART_COUNT
@@ -141,8 +141,9 @@ class ElasticLoop:
             from trainrun.fanout.elastic_agents import AgentPool
             from trainrun.fanout.select import engine_for
 
-            self.engine = engine_for(self.cfg, self.origin)
-            self.pool = AgentPool(self.engine, self.cfg.ssh_timeout + AGENT_START_SLACK, self.cfg.heartbeat_timeout,
+            sup = self.spec.supervision
+            self.engine = engine_for(self.spec.reach, self.origin)
+            self.pool = AgentPool(self.engine, sup.host_answer, sup.heartbeat_timeout,
                                   warm=self.settings.warm_ranks)
         failed = self.pool.ensure(remote)
         if not failed:
@@ -167,8 +168,8 @@ class ElasticLoop:
         from trainrun.supervisor.assemble import assemble_job
         from trainrun.supervisor.attempt import AttemptPolicy
 
-        cfg = self.cfg
-        shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, cfg.oversubscribe)))
+        spec = self.spec
+        shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, spec.plan.oversubscribe)))
         pooled = self.pool.agents if self.pool is not None else {}  # (no pool: every host is this machine)
         agents: dict[str, AgentRanks] = {h.name: pooled[h.name] for h in shape.used if not h.is_local}
         facts = {name: a.facts for name, a in agents.items()}
@@ -178,9 +179,9 @@ class ElasticLoop:
             self.local_facts = self.local_facts or launch_facts()
             facts.update({h.name: self.local_facts for h in shape.used if h.is_local})
         exits = AttemptPolicy()  # how the attempt's exits are judged; what it records is read after the run
-        job = assemble_job(cfg, shape, agents, facts, self._nics(shape, facts), slurm=self.origin.allocation is not None,
-                           attempt=self.attempt, control=self.control, host_updates=self.settings.sizing,
-                           spares=self.spares, policy=exits)
+        job = assemble_job(spec.plan, spec.supervision, spec.output, shape, agents, facts, self._nics(shape, facts),
+                           slurm=self.origin.allocation is not None, attempt=self.attempt, control=self.control,
+                           host_updates=self.settings.sizing, spares=self.spares, policy=exits)
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
         self.current = Pick(tuple(shape.used), len(plan.procs))
@@ -255,7 +256,7 @@ class ElasticLoop:
         if len(shape.used) < 2 or not shape.remote:
             return ()
         if self.nics is None or not nics_present(self.nics, facts):
-            self.nics = choose_nics(self.cfg, shape.used, self.engine, facts)
+            self.nics = choose_nics(self.spec.nics, shape.used, self.engine, facts)
         return self.nics
 
     def _idle(self) -> None:
@@ -281,21 +282,17 @@ class ElasticLoop:
         return code
 
 
-def run_elastic(cfg: LaunchConfig) -> int:
-    """An elastic or restartable launch (--max-restarts, --min-np, --host-discovery-script)."""
-    from trainrun.fanout.select import host_source
-
-    origin = host_source(cfg, os.environ)
-    source = LiveHosts(None if cfg.host_discovery_script else origin.hosts, cfg.host_discovery_script)
+def run_elastic(spec: LaunchSpec) -> int:
+    """An elastic or restartable launch (--max-restarts, --min-np, --host-discovery-script). The hosts of the
+    first attempt are the spec's (a discovery script's first answer, run once by the launch step); the script
+    runs again from then on (LiveHosts)."""
+    assert spec.elastic is not None  # launch() runs this loop for elastic launches only
+    source = LiveHosts(spec.hosts.hosts, spec.discovery_script)
     try:
-        if not source.current():
-            raise TrainrunError(f"--host-discovery-script {cfg.host_discovery_script}: listed no host", exit_code=2)
         if any(h.is_local for h in source.current()):
             from trainrun.plan.program import check_local_program
 
-            check_local_program(cfg.command)
-        settings = cfg.elastic_settings()
-        assert isinstance(settings, ElasticSettings)  # launch.py runs this loop for elastic launches only
-        return ElasticLoop(cfg, settings, source, origin).run()
+            check_local_program(spec.plan.command)
+        return ElasticLoop(spec, spec.elastic, source).run()
     finally:
         source.close()
