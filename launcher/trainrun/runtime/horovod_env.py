@@ -24,7 +24,8 @@ are set (the HOROVOD_* one is then noted as having no effect).
                       --allow-gpu-sharing)        memory); another HOROVOD_ value is noted, unset    libnccl loads)
     wait_mode         TRAINRUN_WAIT               (none: auto|spin|block, runtime/waiting.py)        auto
     straggler         TRAINRUN_STRAGGLER          (none: 0 turns the engine's straggler counters     on
-                                                  off, runtime/meter.py; 1 on)
+                                                  off, runtime/meter.py; 1 on; also false/true,
+                                                  no/yes, off/on; another value fails init)
     elastic           TRAINRUN_ELASTIC=1          HOROVOD_ELASTIC=1 (Horovod's meaning: a one-rank   off
                       (the launcher's, elastic    DistributedOptimizer still reduces, torch/optimizer.py)
                       jobs)
