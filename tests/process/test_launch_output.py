@@ -176,11 +176,9 @@ def _under_a_terminal(argv, cwd, timeout: float = 30) -> tuple[int, bytes]:
 def test_terminal_controls_are_escaped_on_a_terminal_but_kept_in_files(tmp_path):
     """On a terminal: the rank's screen clear and window title (stdout, and stderr's line in the failure
     summary too) arrive as visible text, its colour as colour. --output-dir's files: the raw bytes."""
-    from conftest import trainrun_argv
-
-    logs = tmp_path / "logs"
-    code, screen = _under_a_terminal(trainrun_argv("-np", 1, "--output-dir", logs, sys.executable, "-c", PRINT_RAW),
-                                     tmp_path)
+    logs = tmp_path / "logs"  # (the argv written out: `from conftest import` finds tests/docker's in a full run)
+    argv = [sys.executable, "-m", "trainrun", "-np", "1", "--output-dir", str(logs), sys.executable, "-c", PRINT_RAW]
+    code, screen = _under_a_terminal(argv, tmp_path)
     assert code == 3, screen
     assert b"[0]<stdout>:\\x1b[2J\\x1b]0;title\\x07\x1b[31mred\x1b[0m" in screen, screen
     assert b"\x1b[2J" not in screen and b"\x1b]0;" not in screen, screen  # nothing the terminal would act on
