@@ -21,7 +21,7 @@ import torch
 
 import trainrun.runtime as hvd
 import trainrun.torch.elastic as elastic
-from trainrun.elastic import shm_slot
+from trainrun.wire import shm_slot
 
 ROUNDS = 15
 hvd.init()

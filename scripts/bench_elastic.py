@@ -58,7 +58,7 @@ def victims(token: str, pred) -> list[int]:
 
 
 def warm_ranks(token: str) -> int:
-    """The job's spares waiting with their imports done (supervisor/spares.py: their thread is named so)."""
+    """The job's spares waiting with their imports done (elasticjob/spares.py: their thread is named so)."""
     n = 0
     for p in psutil.process_iter(["name", "cmdline"]):
         if p.info["name"] == "trainrun-warm" and token in " ".join(p.info["cmdline"] or ()):

@@ -21,7 +21,7 @@ def _started() -> float:
 
 
 # PHASES=1: rank 0 prints when each start-up phase ended. A warm rank (trainrun --warm-ranks: a spare that had
-# imported torch before the restart, supervisor/spares.py) starts when its script does: the hand-off.
+# imported torch before the restart, elasticjob/spares.py) starts when its script does: the hand-off.
 _WARM = "torch" in __import__("sys").modules
 PHASES = {"start": time.time() if _WARM else _started(), "script": time.time()}
 

@@ -11,8 +11,8 @@ without facts, as `--dry-run` plans a remote job), through the launch's own path
 make_plan). Rows:
     plan          make_plan: placement, env contract, one ProcessSpec per rank
     plan + envs   the same, then every rank's env built once, one after another (what starting the ranks does)
-    elastic       make_plan, then an elastic attempt's own variables added to every rank (supervisor/restarts.py's
-                  with_env: plan/spec.py now; supervisor/restarts.py before)
+    elastic       make_plan, then an elastic attempt's own variables added to every rank (elasticjob/loop.py's
+                  with_env: plan/spec.py now; elasticjob/loop.py before)
     --dry-run     the whole command, `trainrun --hostfile H --dry-run train.py`, its table to /dev/null
 A child that passes --timeout or the address-space limit (--mem-limit) is reported as such, not waited for.
 Sizes above the launcher's cap (plan/limits.py, 65536) run with TRAINRUN_MAX_RANKS raised to the size.
@@ -40,7 +40,7 @@ import os, resource, sys, time
 limit = int(os.environ["BENCH_MEM_LIMIT"])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 mode, hostfile, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-from trainrun.cli.config import parse_config
+from trainrun.config import parse_config
 from trainrun.plan.planner import make_plan, shape_job
 t0 = time.perf_counter()
 cfg = parse_config(("train.py",), hostfile=hostfile, num_proc=n)
@@ -55,8 +55,8 @@ plan = make_plan(opts, shape, {}, "n00000", job_id="bench")
 if mode == "elastic":
     try:
         from trainrun.plan.spec import with_env
-    except ImportError:  # before: supervisor/restarts.py's own
-        from trainrun.supervisor.restarts import with_env
+    except ImportError:  # before: elasticjob/loop.py's own
+        from trainrun.elasticjob.loop import with_env
     plan = with_env(plan, {"TRAINRUN_RESTART_COUNT": "1", "TRAINRUN_ELASTIC": "1"})
 t1 = time.perf_counter()
 if mode == "envs":

@@ -4,7 +4,7 @@ report. Each step lives in its own subpackage (plan/, fanout/, net/, supervisor/
 module only puts them in order, the same order for every mode:
 
     static        shape -> reach -> facts -> NICs -> plan -> Job            (run_job)
-    elastic       the same per attempt                                      (supervisor/restarts.py)
+    elastic       the same per attempt                                      (elasticjob/loop.py)
     --mpi openmpi shape -> facts (this machine's) -> NICs (--network-interface) -> plan -> Job over mpirun
     --dry-run     shape -> facts (this machine's) -> NICs (--network-interface) -> plan -> print
     --check       shape -> reach -> facts -> NICs -> assign -> report        (check/collect.py)
@@ -23,7 +23,7 @@ from trainrun.plan.planner import JobShape, plan_job, shape_job
 from trainrun.supervisor.output import prepare_output_dir, sink_for
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.config import LaunchConfig
     from trainrun.plan.spec import LaunchPlan
 
 
@@ -34,7 +34,7 @@ def launch(cfg: LaunchConfig) -> int:
     if spec.mode == "check":
         return check(spec)
     if spec.elastic is not None and spec.mode == "run":
-        from trainrun.supervisor.restarts import run_elastic
+        from trainrun.elasticjob.loop import run_elastic
 
         if spec.output.output_dir:
             prepare_output_dir(spec.output.output_dir)
@@ -91,7 +91,7 @@ def dry_run(spec: LaunchSpec, shape: JobShape, facts: dict) -> int:
     if spec.plan.tf_cluster is not None:
         notes["mpi"] = "none (--tf-cluster: the tasks are TensorFlow servers, not an MPI world)"
     if "TRAINRUN_HOROVOD" in plan.procs[0].env:
-        from trainrun._horovod import describe
+        from trainrun.plan.horovod_shim import describe
 
         notes["horovod"] = describe(plan.procs[0].env["TRAINRUN_HOROVOD"])
     print_with_elastic(spec, plan_json(plan, notes) if spec.output.json else plan_table(plan, notes))

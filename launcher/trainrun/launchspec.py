@@ -11,10 +11,10 @@ layers below the launch step take. Nothing below this step sees a LaunchConfig o
         supervision  supervisor/supervision.Supervision   every timeout (grace, start, hang, heartbeat, ssh,
                                                     and the one agent start-up slack), --tf-cluster's restarts
         output       supervisor/output.OutputOptions      --prefix, --output-dir, --fold, --ranks, --monitor, --json
-        elastic      supervisor/restart_policy.ElasticSettings, or None for a launch with no elastic option
+        elastic      elasticjob/policy.ElasticSettings, or None for a launch with no elastic option
 
 Every mode (a static launch, each elastic attempt, --mpi openmpi, --dry-run, --check, --tf-cluster) takes the
-same LaunchSpec, so an option reaches the ranks the same way in each, or is refused once (cli/config.py).
+same LaunchSpec, so an option reaches the ranks the same way in each, or is refused once (config.py).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from trainrun.supervisor.output import OutputOptions
 from trainrun.supervisor.supervision import Supervision
 
 if TYPE_CHECKING:
-    from trainrun.cli.config import LaunchConfig
-    from trainrun.supervisor.restart_policy import ElasticSettings
+    from trainrun.config import LaunchConfig
+    from trainrun.elasticjob.policy import ElasticSettings
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def elastic_settings(cfg: LaunchConfig) -> ElasticSettings | None:
     --max-restarts 0). The policy module is imported only for an elastic option (import rule)."""
     if not cfg.elastic:
         return None
-    from trainrun.supervisor.restart_policy import ElasticSettings
+    from trainrun.elasticjob.policy import ElasticSettings
 
     settings = cfg.elastic_settings()
     assert isinstance(settings, ElasticSettings)  # (cfg.elastic: not the no-option placeholder)
@@ -102,7 +102,7 @@ def host_request(cfg: LaunchConfig) -> HostRequest:
     the elastic loop's (its first answer is the first attempt's hosts)."""
     local_np = cfg.num_proc or (cfg.tf_cluster.total if cfg.tf_cluster else None)
     if cfg.host_discovery_script:
-        from trainrun.supervisor.discovery import run_script
+        from trainrun.elasticjob.discovery import run_script
 
         given = tuple(run_script(cfg.host_discovery_script))
         if not given:

@@ -4,7 +4,7 @@ that host's trainrun `horovod` shim first on their PYTHONPATH (the launcher's PY
 import subprocess
 import sys
 
-from trainrun._horovod import SHIM_DIR
+from trainrun.plan.horovod_shim import SHIM_DIR
 
 CODE = ("import os, socket, horovod, horovod.common.util as u; "
         "print('HOROVOD', socket.gethostname(), horovod.__file__ if u.mpi_built() else '-', flush=True)")

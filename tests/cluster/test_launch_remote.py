@@ -57,7 +57,7 @@ def test_six_ranks_on_three_hosts(cluster, tmp_path):
 
 
 def test_exclude_leaves_a_host_out_of_a_real_launch(cluster, tmp_path):
-    """--exclude parsed once (cli/config.parse_config) and applied to --hostfile's hosts: h2 gets no rank and
+    """--exclude parsed once (config.parse_config) and applied to --hostfile's hosts: h2 gets no rank and
     the ranks are renumbered over h1 and h3; a name not among the hosts is a usage error before any is reached."""
     code = "import os, socket; print(os.environ['RANK'], socket.gethostname())"
     r = trainrun(cluster, "--hostfile", str(cluster.hostfile), "--exclude", "h2", "python", "-c", code, cwd=tmp_path)

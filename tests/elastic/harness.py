@@ -109,7 +109,7 @@ def leftover_segments(stderr: str) -> list[str]:
     """/dev/shm segments (MPICH's, committed state's) of the jobs a `trainrun -v` run logged (`attempt N: job ID`); other users' MPI jobs
     (other test sessions) have their own names, so this is exact where a before/after listing is not."""
     from trainrun.mpiworld.shm import kvsname_for, shm_segment_pattern
-    from trainrun.supervisor.control import state_segments
+    from trainrun.elasticjob.control import state_segments
 
     jobs = set(re.findall(r"attempt \d+: job ([0-9a-f]+)", stderr))
     assert jobs, "no job ids in the launcher's log (run it with -v)"

@@ -1,4 +1,4 @@
-"""commit() through the host's /dev/shm segment (elastic/shm_slot.py) with real ranks: a rank SIGKILLed in the
+"""commit() through the host's /dev/shm segment (wire/shm_slot.py) with real ranks: a rank SIGKILLed in the
 middle of a commit leaves the previous commit intact and the restarted job resumes from it; the segments go
 away at the end of the job whatever the end (success, failure, the launcher SIGKILLed), on this machine and
 on "remote" hosts (pipe engine: one agent process per host, as over SSH)."""

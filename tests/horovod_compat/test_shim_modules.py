@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from trainrun._horovod import SHIM_DIR
+from trainrun.plan.horovod_shim import SHIM_DIR
 
 CHECK_COMMON = r"""
 import json

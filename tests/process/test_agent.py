@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from trainrun.agent import wire
-from trainrun.agent.messages import AgentJob
+from trainrun.wire import agent_frames as wire
+from trainrun.wire.agent_messages import AgentJob
 from trainrun.fanout.agents import open_agents
 from trainrun.fanout.pipe_engine import PipeEngine
 from trainrun.plan.envcontract import JobInfo

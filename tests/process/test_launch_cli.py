@@ -377,7 +377,7 @@ def test_export_is_checked_before_any_host_is_reached(run_trainrun, export, need
 @pytest.mark.parametrize("option, needle", [("--network-interface=eth0,,eth1", "not a NIC name"),
                                             ("--ranks=1-x", "not a rank"), ("--exclude=a@b", "--exclude entry")])
 def test_option_strings_are_parsed_before_any_host_is_reached(run_trainrun, option, needle):
-    """Parsed once where argv is read (cli/config.parse_config): a bad value is exit 2 before the hosts are
+    """Parsed once where argv is read (config.parse_config): a bad value is exit 2 before the hosts are
     reached (here a DNS failure, exit 3), not found later by the layer that uses it."""
     assert_one_line_error(run_trainrun("-H", "no-such-host.invalid:1", option, "true"), 2, needle)
 

@@ -1,6 +1,6 @@
 """What a job leaves on this machine (issue 38, items 4 and 5), with real ranks in a real MPI world.
 
-- Stack files (the ranks' faulthandler files, diag/rankhook.py) live in the job's directory on the host, which
+- Stack files (the ranks' faulthandler files, runtime/rankhook.py) live in the job's directory on the host, which
   the ranks' owner removes: none is left after a rank was SIGKILLed, nor after the launcher was (its watchdog
   removes them with the job's /dev/shm segments).
 - A /dev/shm too small for the MPI world (a private mount namespace with a 2 MiB tmpfs on /dev/shm) is named

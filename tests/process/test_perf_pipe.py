@@ -19,8 +19,9 @@ def test_two_local_hosts_are_measured_and_their_probes_end():
     if nic is None:
         pytest.skip("no non-loopback NIC with an IPv4 address on this machine")
     facts = check_facts()
-    cfg = SimpleNamespace(perf_time=None, ssh_parallelism=8, ssh_timeout=15.0, mpi="none", network_interface=())
-    r = run_perf(cfg, PipeEngine(), {"A": facts, "B": facts}, [RoutableNic((("A", nic.name), ("B", nic.name)))])
+    spec = SimpleNamespace(perf_time=None, plan=SimpleNamespace(mpi="none"), nics=SimpleNamespace(pinned=()),
+                           reach=SimpleNamespace(ssh_parallelism=8), supervision=SimpleNamespace(host_answer=45.0))
+    r = run_perf(spec, PipeEngine(), {"A": facts, "B": facts}, [RoutableNic((("A", nic.name), ("B", nic.name)))])
     assert r.skipped == [] and r.rounds == 1 and r.nics == [nic.name]
     assert {(s.src, s.dst) for s in r.links} == {("A", "B"), ("B", "A")}
     assert all(s.mbps and s.mbps > 10 and s.rtt_us > 0 for s in r.links), r.links

@@ -14,7 +14,7 @@ import pytest
 import trainrun
 from trainrun.errors import UsageError
 from trainrun.runfunc import horovod as hvd_run
-from trainrun.runfunc.wire import MAX_ENV_BYTES
+from trainrun.wire.runfunc_lines import MAX_ENV_BYTES
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -225,7 +225,7 @@ print("VALUES", json.dumps(horovod.run(fn, args=(5,), num_proc=2)))
 
 def test_horovod_run_through_the_shim_from_a_script(tmp_path):
     """`import horovod; horovod.run(...)` (and horovod.runner.run) outside a launch, with the shim importable."""
-    from trainrun._horovod import SHIM_DIR
+    from trainrun.plan.horovod_shim import SHIM_DIR
 
     script = tmp_path / "hvd_script.py"
     script.write_text(HOROVOD_SCRIPT)

@@ -1,8 +1,8 @@
-"""cli/config.parse_config: the user's option strings become typed values once, where argv and YAML are read
+"""config.parse_config: the user's option strings become typed values once, where argv and YAML are read
 (-H, --hostfile, --exclude, --network-interface, --ranks, -x), and the later layers get only those values."""
 import pytest
 
-from trainrun.cli.config import LaunchConfig, parse_config
+from trainrun.config import LaunchConfig, parse_config
 from trainrun.errors import UsageError
 from trainrun.plan.hosts import Exclusion, HostSpec, format_hosts, parse_exclude, parse_hosts_arg
 

@@ -1,7 +1,7 @@
 """The elastic options as LaunchConfig sees them: defaults, usage errors with one-line messages."""
 import pytest
 
-from trainrun.cli.config import parse_config
+from trainrun.config import parse_config
 from trainrun.errors import UsageError
 
 
@@ -65,7 +65,7 @@ def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_
     quiet = tmp_path / "q.sh"  # its output closed, but it runs on: no answer, and it is killed
     quiet.write_text("#!/bin/sh\necho h1:2\nexec >&- 2>&-\nsleep 600\n")
     quiet.chmod(0o755)
-    import trainrun.supervisor.discovery as discovery
+    import trainrun.elasticjob.discovery as discovery
 
     old, discovery.SCRIPT_TIMEOUT = discovery.SCRIPT_TIMEOUT, 1.0
     try:
@@ -76,8 +76,8 @@ def test_a_discovery_script_that_never_stops_printing_is_read_within_bounds(tmp_
 
 
 def test_max_backoff_defaults_and_is_shown():
-    from trainrun.cli.config import LaunchConfig
-    from trainrun.supervisor.restart_policy import DEFAULT_MAX_BACKOFF
+    from trainrun.config import LaunchConfig
+    from trainrun.elasticjob.policy import DEFAULT_MAX_BACKOFF
 
     assert LaunchConfig(command=("x",)).max_backoff == DEFAULT_MAX_BACKOFF == 10.0  # the two copies agree
     s = cfg(num_proc=2, max_restarts=3).elastic_settings()

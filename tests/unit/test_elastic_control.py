@@ -1,13 +1,14 @@
-"""The control channel (elastic/protocol.py): a rank's ControlClient against the owner's ControlServer and
+"""The control channel (wire/control_protocol.py): a rank's ControlClient against the owner's ControlServer and
 SegmentStore, over a real socketpair, the server driven by a selector loop on a thread (as in an agent)."""
 import selectors
 import threading
 
 import pytest
 
-from trainrun.elastic import packing, shm_slot
+from trainrun.elastic import packing
+from trainrun.wire import shm_slot
 from trainrun.elastic.client import ControlClient
-from trainrun.supervisor.control import ControlServer, SegmentStore
+from trainrun.elasticjob.control import ControlServer, SegmentStore
 
 
 @pytest.fixture

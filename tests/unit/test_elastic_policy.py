@@ -1,8 +1,8 @@
-"""The elastic loop's pure decisions (supervisor/restart_policy.py): cool-downs, host picks, start-up failures, back-off."""
+"""The elastic loop's pure decisions (elasticjob/policy.py): cool-downs, host picks, start-up failures, back-off."""
 import math
 
 from trainrun.plan.hosts import HostSpec
-from trainrun.supervisor.restart_policy import ElasticSettings, HostBook, RankEnd, backoff, cooldown_for, deterministic, pick_hosts
+from trainrun.elasticjob.policy import ElasticSettings, HostBook, RankEnd, backoff, cooldown_for, deterministic, pick_hosts
 
 H = [HostSpec("h1", 2), HostSpec("h2", 2), HostSpec("h3", 2)]
 ELASTIC = ElasticSettings(max_restarts=None, min_np=4, max_np=6, cooldown=(2.0, 10.0))

@@ -1,12 +1,13 @@
-"""The committed-state segment (elastic/shm_slot.py) and the raw-bytes packing (elastic/packing.py): pure
+"""The committed-state segment (wire/shm_slot.py) and the raw-bytes packing (elastic/packing.py): pure
 file and buffer logic in a temporary directory (a real mmap of a real file; no ranks)."""
 import struct
 
 import numpy as np
 import pytest
 
-from trainrun.elastic import packing, shm_slot
-from trainrun.supervisor.control import SegmentStore
+from trainrun.elastic import packing
+from trainrun.wire import shm_slot
+from trainrun.elasticjob.control import SegmentStore
 
 
 def roundtrip(obj):

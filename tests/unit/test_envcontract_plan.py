@@ -77,7 +77,7 @@ def test_exported_env_wins_over_derived():
 def test_tf_config_lists_every_worker_and_this_ranks_index():
     import json
 
-    from trainrun.facts.model import HostFacts
+    from trainrun.plan.facts import HostFacts
     from trainrun.plan.planner import tf_workers
 
     two = assign_ranks([HostSpec("a", 1), HostSpec("b", 1)], 2)[1]
@@ -120,7 +120,7 @@ def test_check_gpu_summary_and_shortage():
     """--check shows each host's GPU model, memory and driver; too few GPUs is a problem only when
     --gpus-per-proc asked for them (else a warning)."""
     from trainrun.check.report import HostCheck, evaluate, gpu_summary
-    from trainrun.facts.model import HostFacts
+    from trainrun.plan.facts import HostFacts
     from trainrun.version import __version__
     f = HostFacts("h", 16, "python3", __version__, gpus=(0,), gpu_models=("NVIDIA H100 80GB HBM3",),
                   gpu_memory_mib=(81559,), cuda_driver="580.159.04", mpi="MPICH", vendor="MPICH")
@@ -180,7 +180,7 @@ def test_plan_json_gives_tf_config_once():
 
 
 def test_an_elastic_attempts_env_stays_linear_in_ranks():
-    """Each elastic attempt adds TRAINRUN_RESTART_COUNT/TRAINRUN_ELASTIC to every rank (supervisor/restarts.py). Before,
+    """Each elastic attempt adds TRAINRUN_RESTART_COUNT/TRAINRUN_ELASTIC to every rank (elasticjob/loop.py). Before,
     that built every rank's env as a dict up front, TF_CONFIG and all: N^2 bytes (~480 MiB for the 5000 here).
     Now the two join the shared JobEnv, winning over -x exports as before."""
     import tracemalloc

@@ -6,14 +6,14 @@ import signal
 import time
 from types import SimpleNamespace
 
-from trainrun.elastic.protocol import RESET_EXIT_CODE
+from trainrun.wire.control_protocol import RESET_EXIT_CODE
 from trainrun.plan.roles import Task
-from trainrun.supervisor.attempt import RESET_WAIT, SETTLE, WATCH_EVERY, AttemptPolicy
+from trainrun.elasticjob.attempt import RESET_WAIT, SETTLE, WATCH_EVERY, AttemptPolicy
 from trainrun.supervisor.exit_policy import Done, Fail, Ignore, RankExit, Restart, StaticPolicy
 from trainrun.supervisor.job import Job
 from trainrun.supervisor.jobstate import JobState
 from trainrun.supervisor.ps_policy import PsPolicy
-from trainrun.supervisor.restart_policy import STARTUP_WINDOW, deterministic
+from trainrun.elasticjob.policy import STARTUP_WINDOW, deterministic
 
 
 def ended(rank=0, rc=1, at=100.0, **kw):

@@ -5,7 +5,7 @@ import os
 import pytest
 from setuptools import find_packages
 
-from trainrun._horovod import SHIM_DIR, choice, rank_env
+from trainrun.plan.horovod_shim import SHIM_DIR, choice, rank_env
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks

@@ -123,7 +123,7 @@ def test_probe_checks_identity_on_loopback():
 
 
 def test_cached_nics_must_still_be_up_everywhere():
-    from trainrun.facts.model import HostFacts
+    from trainrun.plan.facts import HostFacts
     from trainrun.net.choice import nics_present
 
     def host(*nics):
@@ -138,7 +138,7 @@ def test_cached_nics_must_still_be_up_everywhere():
 
 
 def test_host_facts_roundtrip_json_and_ignore_unknown_keys():
-    from trainrun.facts.model import HostFacts
+    from trainrun.plan.facts import HostFacts
 
     f = HostFacts(hostname="h1", cpus=4, python="/p", trainrun="0.1", gpus=(0, 1), nics=(Nic("eth1", ("10.0.0.2/24",)),),
                   vendor="MPICH", mpi="MPICH 5")

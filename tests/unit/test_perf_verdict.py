@@ -17,9 +17,9 @@ from trainrun.check.perf_verdict import (
     round_robin,
     suspect_pairs,
 )
-from trainrun.cli.config import parse_config
+from trainrun.config import parse_config
 from trainrun.errors import UsageError
-from trainrun.facts.model import HostFacts
+from trainrun.plan.facts import HostFacts
 from trainrun.net.linkbench import parse_gpu_state
 from trainrun.plan.hosts import HostSpec, apply_exclude, parse_exclude
 from trainrun.plan.planner import assign, shape_job

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from trainrun.errors import UsageError
-from trainrun.facts.model import HostFacts
+from trainrun.plan.facts import HostFacts
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import assign_ranks
@@ -83,7 +83,7 @@ def test_tf_config_has_the_whole_cluster_and_each_task():
 
 
 def test_make_plan_with_roles_from_facts():
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.config import LaunchConfig
     from trainrun.launchspec import resolve
     from trainrun.plan.planner import make_plan, shape_job
 
@@ -99,7 +99,7 @@ def test_make_plan_with_roles_from_facts():
 
 
 def test_config_rules():
-    from trainrun.cli.config import LaunchConfig
+    from trainrun.config import LaunchConfig
 
     with pytest.raises(UsageError, match="--mpi openmpi"):
         LaunchConfig(command=("x",), tf_cluster=RoleCounts(ps=1), mpi="openmpi")

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from trainrun.runfunc.channel import ResultServer, send_outcome
-from trainrun.runfunc.wire import max_lines_bytes
+from trainrun.wire.runfunc_lines import max_lines_bytes
 
 
 def test_a_value_is_streamed_whole_and_keyed_by_attempt_and_rank(tmp_path):

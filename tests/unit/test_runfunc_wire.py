@@ -3,7 +3,7 @@ and horovodrun's --slots-per-host wrapper text."""
 import os
 
 from trainrun.horovodrun.slots import with_slots
-from trainrun.runfunc.wire import (ENV_PIECE, LINE_CHARS, MAX_ENV_BYTES, PIECE_CHARS, Collector, call_env,
+from trainrun.wire.runfunc_lines import (ENV_PIECE, LINE_CHARS, MAX_ENV_BYTES, PIECE_CHARS, Collector, call_env,
                                    outcome_lines, read_call)
 
 

@@ -1,4 +1,4 @@
-"""The stuck watchdog's rule (diag/rankhook.StuckWatch) and how the launcher names the absent ranks
+"""The stuck watchdog's rule (runtime/rankhook.StuckWatch) and how the launcher names the absent ranks
 (run/stall.describe), on fakes; the state-named stack report, on real stopped and zombie processes."""
 import signal
 import subprocess
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trainrun.diag.rankhook import SLOWEST_TRANSFER_BPS, STUCK_OTHER_FACTOR, StuckWatch
+from trainrun.runtime.rankhook import SLOWEST_TRANSFER_BPS, STUCK_OTHER_FACTOR, StuckWatch
 from trainrun.diag.report import render
 from trainrun.diag.stacks import RankStack, Target, find_py_spy, proc_state, take_stacks
 from trainrun.supervisor.stall import Stuck, describe
@@ -107,7 +107,7 @@ def test_a_stall_names_the_ranks_that_did_not_submit_whatever_they_do():
 
 
 def test_stall_notice_from_a_stall_error():
-    from trainrun.diag.rankhook import stall_line
+    from trainrun.runtime.rankhook import stall_line
     from trainrun.runtime.exceptions import StallError
 
     assert stall_line(StallError("m", absent=(1, 2, 3, 7), names=("a", "b", "c", "d"), seconds=2.5)) == \

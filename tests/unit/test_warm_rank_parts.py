@@ -1,12 +1,12 @@
-"""Warm ranks' pure parts and their hand-off on a real socketpair (supervisor/spares.py, elastic/spare_wire.py,
+"""Warm ranks' pure parts and their hand-off on a real socketpair (elasticjob/spares.py, wire/spare_handoff.py,
 elastic/spare.py). The spares themselves, becoming ranks of a restarted job, are tested end to end in
 tests/elastic/test_warm_ranks.py."""
 import os
 import socket
 
 from trainrun.elastic.spare import preload
-from trainrun.elastic.spare_wire import Handoff, fd_env, recv_handoff, send_handoff
-from trainrun.supervisor.spares import late_bound, startup_env, warmable
+from trainrun.wire.spare_handoff import Handoff, fd_env, recv_handoff, send_handoff
+from trainrun.elasticjob.spares import late_bound, startup_env, warmable
 
 
 def test_late_bound_variables_are_trainruns_contract_and_communication_settings():

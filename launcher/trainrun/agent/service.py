@@ -16,7 +16,7 @@ Watchdog kills it and its ranks. HELLO carries the agent's pid and start time, s
 kill this agent's tree over a fresh connection when it stops answering (supervisor/reaper.py's main).
 When all its ranks have exited it exits 0 -- unless the job is elastic (AgentJob.elastic): then it
 cleans up after the ranks (SIGKILL of their groups, /dev/shm), sends DONE and waits for the next JOB (a
-restart) or EOF, keeping its host's committed-state segment (supervisor/control.py) across attempts; it removes the
+restart) or EOF, keeping its host's committed-state segment (elasticjob/control.py) across attempts; it removes the
 segment when it exits, and its Watchdog does if it is killed.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from trainrun.agent import wire
-from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
+from trainrun.wire import agent_frames as wire
+from trainrun.wire.agent_messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import TrainrunError
 from trainrun.facts.collect import launch_facts
 from trainrun.supervisor.groups import ExitInfo
@@ -40,8 +40,8 @@ from trainrun.supervisor.local import LocalRanks
 from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from trainrun.supervisor.control import ControlServer
-    from trainrun.supervisor.spares import SparePool
+    from trainrun.elasticjob.control import ControlServer
+    from trainrun.elasticjob.spares import SparePool
 
 
 class LauncherGone(Exception):
@@ -145,12 +145,12 @@ class Agent:
         self.elastic = job.elastic
         self.restartable = job.restartable
         if job.elastic and self.control is None:
-            from trainrun.supervisor.control import ControlServer, SegmentStore
+            from trainrun.elasticjob.control import ControlServer, SegmentStore
 
             self.control = ControlServer(SegmentStore())
             watchdog.unlink_on_death(self.control.store.prefix)  # the state segments, if this agent is killed
         if job.elastic and job.warm and self.spares is None:
-            from trainrun.supervisor.spares import SparePool
+            from trainrun.elasticjob.spares import SparePool
 
             self.spares = SparePool(watchdog)
         if self.control is not None and job.procs:  # new segments are named after the attempt's job

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from trainrun.check.report import CheckReport, HostCheck, evaluate
 from trainrun.errors import HostError, UsageError
-from trainrun.facts.model import HostFacts
+from trainrun.plan.facts import HostFacts
 from trainrun.fanout.python_pick import NO_PYTHON, no_python_error
 from trainrun.net.choice import picked, probe_nics, save_nic_choice
 from trainrun.plan.hosts import HostSpec

@@ -315,7 +315,7 @@ def launch_argv(spec: LaunchSpec, program: list[str]) -> list[str]:
     """`python -m trainrun` with the check's hosts and options, running `program` (the job's own plan)."""
     opts, reach, sup = spec.plan, spec.reach, spec.supervision
     argv = [sys.executable, "-m", "trainrun", "--prefix", "none", "--mpi", opts.mpi, "--ssh-timeout", str(sup.ssh_timeout)]
-    if opts.mpi != "openmpi":  # (the MPI world forms inside mpirun there: cli/config.py refuses the option)
+    if opts.mpi != "openmpi":  # (the MPI world forms inside mpirun there: config.py refuses the option)
         argv += ["--start-timeout", str(sup.start_timeout)]
     given = spec.given_hosts
     hosts = format_hosts(list(given)) if given is not None else None  # -H or --hostfile's hosts, as -H

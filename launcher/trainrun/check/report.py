@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainrun.version import __version__
-from trainrun.facts.model import NO_FACTS, HostFacts
+from trainrun.plan.facts import NO_FACTS, HostFacts
 from trainrun.table import render_table
 
 if TYPE_CHECKING:

@@ -86,7 +86,7 @@ def _submit(argv: list[str]) -> int:
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     if value:
-        from trainrun.cli.config import load_config_file
+        from trainrun.config import load_config_file
 
         ctx.default_map = {**(ctx.default_map or {}), **load_config_file(value, ctx)}
     return value
@@ -170,7 +170,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
     """Launch COMMAND as N ranked processes on one or many hosts."""
-    from trainrun.cli.config import parse_config
+    from trainrun.config import parse_config
     from trainrun.launch import launch
 
     ctx = click.get_current_context()

@@ -9,8 +9,8 @@ import os
 import socket
 from collections.abc import Mapping
 
-from trainrun.agent.wire import FrameReader, frame
-from trainrun.elastic import protocol
+from trainrun.wire.agent_frames import FrameReader, frame
+from trainrun.wire import control_protocol as protocol
 
 
 # Process-wide, not per session, on purpose: the control channel is an fd the process inherited

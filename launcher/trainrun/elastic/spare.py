@@ -2,11 +2,11 @@
 
     python -m trainrun.elastic.spare FD PROGRAM [ARGS...]
 
-Started by the owner of a host's ranks (supervisor/spares.py) with the rank's interpreter, working
+Started by the owner of a host's ranks (elasticjob/spares.py) with the rank's interpreter, working
 directory and start-up environment while the job trains. It imports the frameworks that PROGRAM's source
 imports (`preload`: torch and `torch._dynamo`, which the first `torch.optim` optimizer would import;
 TensorFlow, Keras, NumPy), says READY on the socketpair FD and waits. At a restart the owner sends one
-Handoff (elastic/spare_wire.py) with the new rank's descriptors; the spare takes the rank's environment,
+Handoff (wire/spare_handoff.py) with the new rank's descriptors; the spare takes the rank's environment,
 working directory, CPU set and argv, and runs the program as `python PROGRAM` or `python -m MODULE` would
 (`__name__ == "__main__"`, sys.path[0] the script's directory, an uncaught exception's traceback from the
 program's frames and exit 1). A restarted rank so skips its interpreter's start and `import torch`: about
@@ -27,7 +27,7 @@ import socket
 import sys
 import traceback
 
-from trainrun.elastic.spare_wire import PAD_VARIABLE, READY, Handoff, recv_handoff
+from trainrun.wire.spare_handoff import PAD_VARIABLE, READY, Handoff, recv_handoff
 
 WAITING_NAME = "trainrun-warm"
 # what `import X` in a program means for the spare: the modules to import ahead (never mpi4py: see above)

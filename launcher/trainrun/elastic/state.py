@@ -28,7 +28,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from trainrun.elastic import protocol
+from trainrun.wire import control_protocol as protocol
 
 if TYPE_CHECKING:
     from trainrun.runtime.horovod_env import Settings
@@ -197,7 +197,7 @@ class State:
 
     def _writable_segment(self, size: int):
         """The host's segment, mapped, with slots of at least `size` bytes (the agent grows it if needed)."""
-        from trainrun.elastic import shm_slot
+        from trainrun.wire import shm_slot
 
         if self._segment is not None and self._segment.capacity >= size:
             return self._segment
@@ -221,7 +221,7 @@ class State:
 
     def _held_here(self):
         """(key, slot) of the newest complete copy in this host's segment (checked), or (NO_KEY, None)."""
-        from trainrun.elastic import shm_slot
+        from trainrun.wire import shm_slot
 
         if self._client is None or _runtime().local_rank() != 0:
             return protocol.NO_KEY, None

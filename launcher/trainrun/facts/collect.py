@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from trainrun.version import __version__
-from trainrun.facts.model import HostFacts, Nic
+from trainrun.plan.facts import HostFacts, Nic
 from trainrun.mpiworld.shm import shm_free
 
 

@@ -9,7 +9,7 @@ import os
 import shutil
 import subprocess
 
-from trainrun.facts.model import Gpu
+from trainrun.plan.facts import Gpu
 
 
 def query_nvidia_smi(timeout: float = 10.0) -> list[Gpu]:

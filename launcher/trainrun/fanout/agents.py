@@ -26,10 +26,10 @@ import time
 from dataclasses import replace
 
 from trainrun import log
-from trainrun.agent import wire
-from trainrun.agent.messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
+from trainrun.wire import agent_frames as wire
+from trainrun.wire.agent_messages import AgentJob, Beat, DumpReply, DumpRequest, ExitReport
 from trainrun.errors import HostError, HostsError
-from trainrun.facts.model import HostFacts
+from trainrun.plan.facts import HostFacts
 from trainrun.fanout.base import AgentLink, FanoutEngine, Sweeper
 from trainrun.fanout.clock import ClockOffset
 from trainrun.plan.hosts import HostSpec

@@ -51,8 +51,8 @@ def _typed(path: str, where: str, value, kind: type):
 
 def load(path: str) -> dict:
     """The parsed YAML document (a mapping); UsageError if it cannot be read or is not one. Read as trainrun's
-    --config is (cli/config.read_yaml_config: size, values and alias expansion bounded, UTF-8 only)."""
-    from trainrun.cli.config import read_yaml_config
+    --config is (config.read_yaml_config: size, values and alias expansion bounded, UTF-8 only)."""
+    from trainrun.config import read_yaml_config
 
     doc = read_yaml_config(path, "--config-file")
     if doc is None:

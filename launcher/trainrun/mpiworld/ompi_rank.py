@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-from trainrun._horovod import rank_env as with_horovod_shim
+from trainrun.plan.horovod_shim import rank_env as with_horovod_shim
 from trainrun.plan.envcontract import JobInfo, rank_env
 from trainrun.plan.hosts import HostSpec
 from trainrun.plan.placement import RankAssignment, cross_coords

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from trainrun.facts.model import HostFacts
+from trainrun.plan.facts import HostFacts
 from trainrun.plan.hosts import HostSpec
 
 CACHE_TTL = 3600.0

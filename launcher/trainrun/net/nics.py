@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from trainrun.errors import HostError, HostsError
-from trainrun.facts.model import Nic
+from trainrun.plan.facts import Nic
 
 if TYPE_CHECKING:
     from trainrun.fanout.base import FanoutEngine, ModuleChannel

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-from trainrun.facts.model import NO_FACTS, HostFacts
+from trainrun.plan.facts import NO_FACTS, HostFacts
 from trainrun.plan.envcontract import JobInfo
 from trainrun.plan.hosts import Exclusion, HostSpec
 from trainrun.plan.placement import RankAssignment, assign_ranks, ranks_per_host, shares_gpus
@@ -30,7 +30,7 @@ class PlanOptions:
     """What planning reads of the launch options, resolved once by the launch step (launchspec.resolve): the
     program's words, -np, --tf-cluster, --oversubscribe, --exclude (its GPUs), --gpus-per-proc,
     --allow-gpu-sharing, --python, --workdir, --bind-to, `exports` (-x's variables with their values and
-    TRAINRUN_HOROVOD: cli/config.LaunchConfig.exported_env, run once) and --mpi."""
+    TRAINRUN_HOROVOD: config.LaunchConfig.exported_env, run once) and --mpi."""
 
     command: tuple[str, ...]
     num_proc: int | None = None

@@ -24,7 +24,7 @@ from dataclasses import replace
 from trainrun.errors import UsageError
 from trainrun.runfunc.channel import ResultServer
 from trainrun.runfunc.errors import RankError, ResultTooLarge, RunError
-from trainrun.runfunc.wire import ENV_FILE, ENV_NONCE, ENV_REMOTE_MB, ENV_SOCKET, Collector, call_env, private_file
+from trainrun.wire.runfunc_lines import ENV_FILE, ENV_NONCE, ENV_REMOTE_MB, ENV_SOCKET, Collector, call_env, private_file
 
 # trainrun options run() decides itself or that make no sense for a function call
 NOT_FOR_RUN = {"prefix": "the outcome lines need the rank prefix", "fold": "the outcome lines need every rank's output",
@@ -71,7 +71,7 @@ def check_argv(argv: list[str]) -> None:
     import click
 
     from trainrun.cli.command import cli
-    from trainrun.cli.config import parse_config
+    from trainrun.config import parse_config
 
     try:
         ctx = cli.make_context("trainrun", list(argv) + ["--", "python"])

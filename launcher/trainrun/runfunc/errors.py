@@ -3,7 +3,7 @@ RunError (the job ended otherwise) and ResultTooLarge (a RunError: a value too b
 from __future__ import annotations
 
 from trainrun.errors import TrainrunError
-from trainrun.runfunc.wire import RankFailure
+from trainrun.wire.runfunc_lines import RankFailure
 
 
 class RankError(TrainrunError):

@@ -24,7 +24,7 @@ def _traceback(exc: BaseException) -> str:
 
 
 def _failure(exc: BaseException, rank: int, host: str):
-    from trainrun.runfunc.wire import RankFailure
+    from trainrun.wire.runfunc_lines import RankFailure
 
     text = _traceback(exc)
     plain = RankFailure(rank, host, type(exc).__name__, str(exc), text)
@@ -42,7 +42,7 @@ def _send_value(env, attempt: int, rank: int, host: str, record) -> bytes | None
     the pickled outcome for the lines, or a ("too big", ...) one in its place above the lines' limit.
     TypeError if the value does not pickle."""
     from trainrun.runfunc.channel import send_outcome
-    from trainrun.runfunc.wire import ENV_NONCE, ENV_SOCKET, max_lines_bytes
+    from trainrun.wire.runfunc_lines import ENV_NONCE, ENV_SOCKET, max_lines_bytes
 
     try:
         if env.get(ENV_SOCKET) and send_outcome(env[ENV_SOCKET], env[ENV_NONCE], attempt, rank, record):
@@ -57,7 +57,7 @@ def _send_value(env, attempt: int, rank: int, host: str, record) -> bytes | None
 
 
 def main() -> int:
-    from trainrun.runfunc.wire import ENV_NONCE, outcome_lines, read_call
+    from trainrun.wire.runfunc_lines import ENV_NONCE, outcome_lines, read_call
 
     env = os.environ
     rank = int(env.get("RANK", "0"))

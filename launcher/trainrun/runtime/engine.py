@@ -12,7 +12,7 @@ threads (submit, run, wait, shutdown, abort) and to the diag thread. Each part o
   Waiter        waiter.py       a blocked caller drives progress itself
   LoneOp        lone.py         one blocking allreduce with nothing else outstanding: one solo round, inline
   Background    background.py   the thread that drives while no caller does
-  Meter         meter.py        straggler counters (diag/perf.py)
+  Meter         meter.py        straggler counters (wire/perf_line.py)
 
 The waiting policy (the session's waiting.Policy, made from TRAINRUN_WAIT's setting at init) is given at
 construction to the parts that wait (Waiter, LoneOp, Background, and the backend's TransferWait); so is the
@@ -235,7 +235,7 @@ class Engine:
         """How many allreduce calls reached the backends so far (fusion makes this < tensors reduced)."""
         return self._dispatch.reductions
 
-    # ---- read by the diag thread's watchdog (diag/rankhook.py), once a second, without locks ------
+    # ---- read by the diag thread's watchdog (runtime/rankhook.py), once a second, without locks ------
     def liveness(self) -> tuple[int, int, bool] | None:
         """None while this rank waits for nothing (no op outstanding, no thread inside an MPI
         transfer); else (rounds completed, reductions made, whether a round is in flight). A rank

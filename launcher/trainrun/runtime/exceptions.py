@@ -18,7 +18,7 @@ class TensorMismatchError(HorovodInternalError):
 class StallError(HorovodInternalError):
     """Some ranks submitted a tensor and the others did not within TRAINRUN_STALL_TIMEOUT seconds.
     `absent`: the global ranks that did not submit, `names`: the tensors waited on, `seconds`: the
-    stall timeout (empty / 0 where not known). A launch ends the job on it (diag/rankhook.py tells the
+    stall timeout (empty / 0 where not known). A launch ends the job on it (runtime/rankhook.py tells the
     launcher, which names the absent ranks with their stacks): no rank can end that wait from inside."""
 
     absent: tuple = ()  # (class defaults: a subclass that does not call this __init__ still has them)

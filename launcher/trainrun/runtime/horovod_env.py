@@ -33,7 +33,7 @@ are set (the HOROVOD_* one is then noted as having no effect).
     host_updates      TRAINRUN_HOST_UPDATES       (none: the launcher's 0 says no host change will   on
                                                   be announced: State.commit skips the check)
     diag_fd           TRAINRUN_DIAG_FD            (none: the launcher's diag pipe, "FD:INODE";       none
-                                                  diag/rankhook.py, installed by init)
+                                                  runtime/rankhook.py, installed by init)
     stacks_dir        TRAINRUN_STACKS_DIR         (none: where the faulthandler file goes)           temp dir
 
 A stall is one error here (StallError on every rank that waits), where Horovod warns at the check time
@@ -55,7 +55,7 @@ Read elsewhere on the rank side, and why (the rest of the one list):
   loaded: a per-process build cache and compiler, read where the kernel is compiled, not session settings.
 - KERAS_BACKEND: set (if unset) by keras/ and tensorflow/keras/ at import, before Keras is imported: Keras
   reads it at its own import, so no later moment exists.
-- TRAINRUN_TEST_COMMIT_HOOK: elastic/shm_slot.py, a test hook of the segment writer (shared with the
+- TRAINRUN_TEST_COMMIT_HOOK: wire/shm_slot.py, a test hook of the segment writer (shared with the
   launcher's side, which has no Settings), read once at import.
 - PMI_FD, PMI_RANK, PMI_SIZE: MPICH's, read by MPI_Init (mpi4py's import), not by trainrun.
 Written, not read as settings: elastic/spare.py replaces a warm rank's environment before its program starts
@@ -112,7 +112,7 @@ class Settings:
     elastic: bool = False                      # an elastic job (or HOROVOD_ELASTIC=1)
     restart_count: int = 0                     # the launcher's attempt number (elastic jobs)
     host_updates: bool = True                  # the launcher may announce a host change (elastic sizing)
-    diag_fd: str | None = None                 # the launcher's diag pipe, "FD:INODE" (diag/rankhook.py)
+    diag_fd: str | None = None                 # the launcher's diag pipe, "FD:INODE" (runtime/rankhook.py)
     stacks_dir: str | None = None              # where the faulthandler's stack file goes (None: the temp dir)
 
     @property

@@ -48,7 +48,7 @@ def init(comm=None, process_sets=None) -> None:
             return
         from mpi4py import MPI
 
-        from trainrun.diag import rankhook
+        from trainrun.runtime import rankhook
         from trainrun.runtime import topology
 
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -115,7 +115,7 @@ def _abort_at_exit_unless_launched() -> None:
     for ever. Under trainrun the launcher ends the job (it names the absent rank with its stack:
     supervisor/job.py); under a launcher that cannot (a bare mpiexec, mpirun) mpi4py's exit calls
     MPI_Abort instead, which ends the whole MPI job, as `python -m mpi4py` does for any crash."""
-    from trainrun.diag import rankhook
+    from trainrun.runtime import rankhook
 
     if rankhook.connected():
         return

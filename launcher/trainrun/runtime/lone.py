@@ -68,7 +68,7 @@ class LoneOp:
             if not driver.quiet():
                 return False
             if driver.solo_round(cid, self._spin_fn):  # every rank has this op and nothing else: run it
-                if t0:  # (diag/perf.py) its round completed at once: this rank came last
+                if t0:  # (wire/perf_line.py) its round completed at once: this rank came last
                     waited = perf_counter_ns() - t0
                     meter.wait_ns += waited
                     meter.waits += 1

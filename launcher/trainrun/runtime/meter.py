@@ -1,5 +1,5 @@
 """The straggler measurement of one engine: plain counters that the engine's parts bump and the diag
-thread reads (diag/perf.py, once per window, without locks); the torch optimizer adds its steps.
+thread reads (wire/perf_line.py, once per window, without locks); the torch optimizer adds its steps.
 
 A perf_counter_ns pair per blocking wait and a few int operations per round; `on` False (the
 TRAINRUN_STRAGGLER=0 setting, which the engine is given at construction, or a benchmark's A/B) stops the

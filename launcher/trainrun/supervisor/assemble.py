@@ -29,11 +29,11 @@ from trainrun.supervisor.supervision import Supervision
 if TYPE_CHECKING:
     from trainrun.fanout.agents import AgentRanks
     from trainrun.plan.spec import LaunchPlan
-    from trainrun.supervisor.control import ControlServer
+    from trainrun.elasticjob.control import ControlServer
     from trainrun.supervisor.exit_policy import ExitPolicy
     from trainrun.supervisor.groups import RankGroup
     from trainrun.supervisor.job_output import JobOutput
-    from trainrun.supervisor.spares import SparePool
+    from trainrun.elasticjob.spares import SparePool
 
 
 def assemble_job(opts: PlanOptions, sup: Supervision, out: OutputOptions, shape: JobShape,
@@ -52,7 +52,7 @@ def assemble_job(opts: PlanOptions, sup: Supervision, out: OutputOptions, shape:
     `host_updates`: whether the launcher may tell this attempt's ranks that the hosts changed (elastic
     sizing); they get TRAINRUN_HOST_UPDATES=0 when not, and their commit() then skips the host-update check
     (a broadcast from rank 0 per commit: a fifth of a 1 MiB commit's time). `spares`: an elastic job's warm
-    ranks for this machine's ranks (supervisor/spares.py)."""
+    ranks for this machine's ranks (elasticjob/spares.py)."""
     routes = {name: (a.link.peer_address, a.link.local_address) for name, a in agents.items()}
     plan = plan_job(opts, shape, facts, routes, nics, slurm=slurm)
     if attempt is None:
@@ -64,7 +64,7 @@ def assemble_job(opts: PlanOptions, sup: Supervision, out: OutputOptions, shape:
                                "TRAINRUN_HOST_UPDATES": "1" if host_updates else "0"})
         log.info("attempt %d: job %s, %d rank(s) on %s", attempt, plan.job.job_id, len(plan.procs),
                  ", ".join(plan.by_host()))
-    ps = opts.tf_cluster is not None  # never elastic (cli/config.py): its workers restart in place instead
+    ps = opts.tf_cluster is not None  # never elastic (config.py): its workers restart in place instead
     by_host, mpi = plan.by_host(), opts.mpi != "none" and not ps  # PS tasks are TF servers: no MPI world
     local = [p for p in plan.procs if p.host not in agents]
     if mpi:

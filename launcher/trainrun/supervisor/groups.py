@@ -65,10 +65,10 @@ class RankEvents(Protocol):
 
     def on_progress(self, rank: int, perf: str = "") -> None:
         """The rank's runtime made progress (collectives completed): it is not hung. `perf`: empty, or
-        a window summary "WALL WAIT COLL LAST STEPS" (diag/perf.py) for straggler detection."""
+        a window summary "WALL WAIT COLL LAST STEPS" (wire/perf_line.py) for straggler detection."""
 
     def on_stall(self, rank: int, notice: str) -> None:
-        """The rank's runtime says the job cannot go on (diag/rankhook.py's line, passed on whole):
+        """The rank's runtime says the job cannot go on (runtime/rankhook.py's line, passed on whole):
         "stall RANKS SECONDS NAMES" (it raised a StallError: RANKS did not submit NAMES) or "stuck
         SECONDS WHAT" (it waited that long in WHAT while no collective round completed: a peer's engine
         takes no part at all). supervisor/stall.py reads it."""

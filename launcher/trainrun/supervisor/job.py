@@ -18,7 +18,7 @@ job goes on after SIGUSR1; after a hang timeout it fails with exit code 124.
 
 Stalls: a rank's StallError (some ranks did not submit a collective within the stall timeout: spinning,
 blocked in a DataLoader, sleeping) or stuck report (it waited the stall timeout while no collective round
-completed: a peer's engine takes no part at all, e.g. stopped or exited) (`on_stall`, diag/rankhook.py)
+completed: a peer's engine takes no part at all, e.g. stopped or exited) (`on_stall`, runtime/rankhook.py)
 means nothing inside the ranks can end the wait: the raising ranks may even hang in their own shutdown,
 whose MPI_Finalize waits for the absent rank. The stacks are taken, then the job fails (exit 1) naming
 the absent ranks by their exit, their /proc state or their stack (supervisor/stall.py), and teardown's

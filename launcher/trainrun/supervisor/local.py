@@ -5,7 +5,7 @@ every remote host, so local and remote ranks behave the same. Each rank runs in 
 stdout/stderr are pipes, its exit is watched with a pidfd, and, when the MPI world is on, it gets a
 PMI-1 socket (PMI_FD). Everything is reported to the `RankEvents` sink given to `start` from the owner's selector loop.
 
-Each rank also gets a *diag pipe* (TRAINRUN_DIAG_FD, see diag/rankhook.py): its runtime announces its
+Each rank also gets a *diag pipe* (TRAINRUN_DIAG_FD, see runtime/rankhook.py): its runtime announces its
 faulthandler file there and reports progress and stalls. `dump()` takes the running ranks' stacks in a
 thread (py-spy or that faulthandler, diag/stacks.py) and reports them from the loop. Exits are reported
 with the wall-clock time they were reaped and, for a SIGKILL, the OOM verdict (oom.py).
@@ -37,10 +37,10 @@ from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
     from trainrun.diag.stacks import HookInfo
-    from trainrun.supervisor.control import ControlServer
+    from trainrun.elasticjob.control import ControlServer
     from trainrun.supervisor.groups import RankEvents
     from trainrun.supervisor.oom import OomWatch
-    from trainrun.supervisor.spares import SparePool
+    from trainrun.elasticjob.spares import SparePool
 
 EXIT_LINGER = 0.5  # seconds to wait for a dead rank's pipes (held open by its children) before reporting
 REAP_EVERY = 1.0  # seconds between looks for adopted orphans that ended (zombies to reap)
@@ -68,7 +68,7 @@ def host_env(spec: ProcessSpec, base: dict[str, str], cpus: int) -> dict[str, st
     # (docs/benchmarks/allreduce.md). Set it to 0 to keep torch's default.
     env.setdefault("THP_MEM_ALLOC_ENABLE", "1")
     # `import horovod.torch` gives trainrun's modules: this host's shim dir first on PYTHONPATH (_horovod)
-    from trainrun._horovod import rank_env as with_horovod_shim
+    from trainrun.plan.horovod_shim import rank_env as with_horovod_shim
 
     return with_horovod_shim(env)
 
@@ -92,8 +92,8 @@ class LocalRanks:
 
     def __init__(self, procs: list[ProcessSpec], *, pmi: bool = False, base_env: dict | None = None,
                  control: ControlServer | None = None, spares: SparePool | None = None):
-        """`control`: an elastic job's control channels (supervisor/control.py): each rank gets TRAINRUN_CTL_FD.
-        `spares`: an elastic job's warm ranks (supervisor/spares.py): a rank starts as one of them when one
+        """`control`: an elastic job's control channels (elasticjob/control.py): each rank gets TRAINRUN_CTL_FD.
+        `spares`: an elastic job's warm ranks (elasticjob/spares.py): a rank starts as one of them when one
         matches, and the pool is filled for the next attempt once these ranks train."""
         self.specs = procs
         self.control = control
@@ -189,7 +189,7 @@ class LocalRanks:
             parent_sock, child_sock = socket.socketpair()
             pass_fds = (child_sock.fileno(),)
             env.update(socket_env(spec.rank, spec.assignment.size, child_sock.fileno()))
-        diag_r, diag_w = os.pipe()  # the rank's diag pipe (diag/rankhook.py): FD:INODE tells it from a reused fd
+        diag_r, diag_w = os.pipe()  # the rank's diag pipe (runtime/rankhook.py): FD:INODE tells it from a reused fd
         os.set_blocking(diag_r, False)
         pass_fds += (diag_w,)
         env["TRAINRUN_DIAG_FD"] = f"{diag_w}:{os.fstat(diag_w).st_ino}"
@@ -247,11 +247,11 @@ class LocalRanks:
 
     def _warm_start(self, spec: ProcessSpec, env: dict[str, str], pass_fds: tuple[int, ...],
                     cpus: set[int] | None) -> subprocess.Popen | None:
-        """The rank started as a spare from the pool (supervisor/spares.py), or None: start it cold."""
+        """The rank started as a spare from the pool (elasticjob/spares.py), or None: start it cold."""
         spare = self.spares.take(spec.argv, env) if self.spares is not None else None
         if spare is None:
             return None
-        from trainrun.elastic.spare_wire import Handoff, fd_env
+        from trainrun.wire.spare_handoff import Handoff, fd_env
 
         handoff = Handoff(spec.argv, spec.cwd, env, None if cpus is None else tuple(sorted(cpus)), fd_env(env, pass_fds))
         try:
@@ -291,7 +291,7 @@ class LocalRanks:
             sel.unregister(rank.pmi)
 
     def _read_diag(self, rank: _Rank, sel) -> None:
-        """Lines from the rank's runtime (diag/rankhook.py): hook, progress, perf, stall, stuck."""
+        """Lines from the rank's runtime (runtime/rankhook.py): hook, progress, perf, stall, stuck."""
         if rank.diag is None:
             return
         try:
@@ -316,7 +316,7 @@ class LocalRanks:
                 self._report_to.on_progress(rank.spec.rank)
                 if not self._warmed:  # training: the spares' imports no longer slow the ranks' start
                     self._warm_up()
-            elif word == "perf":  # a window summary (diag/perf.py): progress too
+            elif word == "perf":  # a window summary (wire/perf_line.py): progress too
                 self._report_to.on_progress(rank.spec.rank, rest)
             elif word in ("stall", "stuck"):  # passed on whole: supervisor/stall.Stuck.parse reads it
                 self._report_to.on_stall(rank.spec.rank, line.decode(errors="replace"))

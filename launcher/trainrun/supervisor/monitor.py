@@ -1,7 +1,7 @@
 """The live view of a running job (`--monitor`) and the straggler events for tools (`--json`).
 
 Both listen to the straggler Watch (supervisor/straggler.py: `Watch.listener`), which the Job already
-feeds every rank's window summary (diag/perf.py, every 4 s, over the agents' PROGRESS frames): no new
+feeds every rank's window summary (wire/perf_line.py, every 4 s, over the agents' PROGRESS frames): no new
 channel, no hook in the Job's loop, and everything runs in the loop's thread (no locks).
 
 The view: one row per host (its ranks folded into a rank set; a one-host job gets one row per rank), from

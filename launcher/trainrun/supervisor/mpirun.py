@@ -12,7 +12,7 @@ GPU assignment (TRAINRUN_GPUS) is not done on this path.
 The plan is the launch's own (launch.unreached_plan: MASTER_ADDR and the NICs by the launch's rules) and the
 Job is built by the same constructor as every other mode's (assemble.supervised: --grace, --output-dir). What
 mpirun keeps from trainrun (the ranks' progress and PMI joins) is what --hang-timeout, --start-timeout and
---monitor/--json watch: cli/config.py refuses them with --mpi openmpi, each in one line.
+--monitor/--json watch: config.py refuses them with --mpi openmpi, each in one line.
 """
 from __future__ import annotations
 

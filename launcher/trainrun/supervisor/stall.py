@@ -1,6 +1,6 @@
 """Naming the cause when ranks wait in a collective that cannot complete. Pure.
 
-Two reports from a rank's runtime (diag/rankhook.py, relayed as `on_stall(rank, notice)`) mean the job
+Two reports from a rank's runtime (runtime/rankhook.py, relayed as `on_stall(rank, notice)`) mean the job
 cannot go on, and the Job ends it after taking every running rank's stack:
 - *stuck* ("stuck SECONDS WHAT"): the rank has waited in WHAT for the stall timeout while no collective
   round completed: some rank's engine takes no part at all, which no rank can end from inside (MPI cannot

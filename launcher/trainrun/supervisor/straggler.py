@@ -1,6 +1,6 @@
 """Naming the straggler: the ranks' window summaries in, verdicts out (pure; the Job prints them).
 
-Each rank sends, every diag/perf.WINDOW_S, how long it was blocked in collectives (WAIT) out of the
+Each rank sends, every wire/perf_line.WINDOW_S, how long it was blocked in collectives (WAIT) out of the
 window (WALL), how many collectives it ran (COLL) and of how many it was the last rank to join (LAST,
 ties counting for each rank in them). A straggler is the rank everyone waits for: it is last to most
 collectives, it waits little itself, and the others wait a real share of their time. Per rank and per
@@ -52,7 +52,7 @@ MIN_COLLECTIVES = 5  # per rank in the horizon: fewer says nothing about who is 
 
 @dataclass(frozen=True)
 class Window:
-    """One rank's window summary (diag/perf.py), stamped with the launcher's clock on arrival."""
+    """One rank's window summary (wire/perf_line.py), stamped with the launcher's clock on arrival."""
     rank: int
     at: float
     wall_ms: int

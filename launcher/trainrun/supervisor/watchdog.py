@@ -55,7 +55,7 @@ class Watchdog:
         """Also SIGKILL process group `pgid` if the owner dies, and nothing more: unlike add(), which also makes
         the guardian follow the owner's adopted children (a job's escaped processes), which would take in
         other guardians of the owner started later (an elastic launcher's guardian for its spares,
-        supervisor/spares.py, must not kill an attempt's guardian before that one has cleaned up)."""
+        elasticjob/spares.py, must not kill an attempt's guardian before that one has cleaned up)."""
         os.write(self._w, b"g%d\n" % pgid)
 
     def mark(self, job_id: str, hosts: list[str]) -> None:
@@ -64,7 +64,7 @@ class Watchdog:
 
     def unlink_on_death(self, prefix: str) -> None:
         """Also unlink every file whose path starts with `prefix` (a committed-state owner's /dev/shm
-        segments: supervisor/control.py) if the owner dies."""
+        segments: elasticjob/control.py) if the owner dies."""
         os.write(self._w, ("u" + prefix + "\n").encode())
 
     def stop_limit(self, seconds: float) -> None:

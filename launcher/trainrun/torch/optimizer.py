@@ -104,7 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ungrouped = [p for p in params if id(p) not in in_group]
         self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
         self._batch_bytes = 0
-        self._measured = None  # the engine whose step_end the last synchronize set (diag/perf.py)
+        self._measured = None  # the engine whose step_end the last synchronize set (wire/perf_line.py)
         # as Horovod: one rank has nothing to average, unless the job is elastic (it may grow; also how
         # scripts/bench_gpu.py measures the GPU path on one GPU)
         # (settings.elastic: TRAINRUN_ELASTIC=1 or HOROVOD_ELASTIC=1, read at init)
@@ -296,7 +296,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_touched = False
         handles.clear()
         self._synchronized = True
-        meter = lifecycle.engine(self._process_set).meter  # (diag/perf.py: steps per window, the time before each)
+        meter = lifecycle.engine(self._process_set).meter  # (wire/perf_line.py: steps per window, the time before each)
         meter.steps += 1
         if meter.on:
             meter.step_end = perf_counter_ns()

@@ -1,4 +1,4 @@
-"""`horovod` for ranks that trainrun starts: each module re-exports trainrun's (trainrun/_horovod/__init__.py
+"""`horovod` for ranks that trainrun starts: each module re-exports trainrun's (trainrun/plan/horovod_shim.py
 says when this package is on the path and how to get an installed Horovod instead).
 
     horovod.torch[.elastic]               trainrun.torch[.elastic]

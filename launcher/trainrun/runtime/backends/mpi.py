@@ -147,7 +147,7 @@ class MPIBackend:
 def transfers_in_progress(sizes: bool = True) -> list[int]:
     """Bytes of each MPI data transfer some thread of this process is inside now (this module's
     frames, read from outside: sys._current_frames); with `sizes` False, one 0 per transfer (the
-    frames' locals are not read). For the stuck watchdog (diag/rankhook.py) only, once a second; the
+    frames' locals are not read). For the stuck watchdog (runtime/rankhook.py) only, once a second; the
     collectives themselves pay nothing for it."""
     codes = _transfer_codes()
     out = []

@@ -1,5 +1,5 @@
-"""The owner's end of the ranks' control channels (trainrun.elastic.protocol): the per-host SegmentStore
-that creates, grows and removes the committed-state segment (elastic/shm_slot.py), and ControlServer, which
+"""The owner's end of the ranks' control channels (trainrun.wire.control_protocol): the per-host SegmentStore
+that creates, grows and removes the committed-state segment (wire/shm_slot.py), and ControlServer, which
 answers the ranks of one host.
 
 Used by the agent on every remote host and by the launcher for its own host. The store outlives the
@@ -20,8 +20,8 @@ import selectors
 import socket
 
 from trainrun import log
-from trainrun.agent.wire import FrameReader, frame
-from trainrun.elastic import protocol
+from trainrun.wire.agent_frames import FrameReader, frame
+from trainrun.wire import control_protocol as protocol
 
 SHM_DIR = "/dev/shm"
 PREFIX = "trainrun_state_"
@@ -48,7 +48,7 @@ class SegmentStore:
     def segment(self, min_capacity: int) -> str:
         """The segment's path, made (or grown) so that a slot holds `min_capacity` bytes; 0: as it is
         ("" if none). OSError when /dev/shm has no room (the old segment is then kept)."""
-        from trainrun.elastic import shm_slot
+        from trainrun.wire import shm_slot
 
         if min_capacity <= self.capacity:
             return self.path or ""

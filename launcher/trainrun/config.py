@@ -23,7 +23,7 @@ from trainrun.plan.hosts import Exclusion, HostSpec, parse_exclude, parse_hosts_
 from trainrun.plan.roles import RoleCounts
 
 if TYPE_CHECKING:
-    from trainrun.supervisor.restart_policy import ElasticSettings
+    from trainrun.elasticjob.policy import ElasticSettings
 
 Export = tuple[str, "str | None"]  # -x NAME=VALUE -> (NAME, VALUE); -x NAME -> (NAME, None): the launcher's value
 
@@ -81,7 +81,7 @@ class LaunchConfig:
     host_discovery_script: str | None = None
     blacklist_cooldown_range: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
-    warm_ranks: bool = True  # elastic: spare interpreters per rank for restarts (supervisor/spares.py)
+    warm_ranks: bool = True  # elastic: spare interpreters per rank for restarts (elasticjob/spares.py)
     max_backoff: float = 10.0  # elastic: the back-off's cap (restart_policy.DEFAULT_MAX_BACKOFF says why)
     check: bool = False
     perf: bool = False
@@ -159,12 +159,12 @@ class LaunchConfig:
                 or self.max_np is not None or self.host_discovery_script is not None)
 
     def elastic_settings(self) -> ElasticSettings | _NotElastic:
-        """The elastic options as one ElasticSettings (supervisor/restart_policy.py). --max-restarts defaults to 0,
+        """The elastic options as one ElasticSettings (elasticjob/policy.py). --max-restarts defaults to 0,
         or to no limit with elastic sizing (--min-np / --max-np / --host-discovery-script). Built once per
         launch, by the launch step (launchspec.resolve), which hands it down."""
         if not self.elastic:
             return NOT_ELASTIC  # the usual launch: no policy module (and its dataclasses) on the start-up path
-        from trainrun.supervisor.restart_policy import ElasticSettings
+        from trainrun.elasticjob.policy import ElasticSettings
 
         sizing = self.min_np is not None or self.max_np is not None or self.host_discovery_script is not None
         restarts = self.max_restarts if self.max_restarts is not None else (None if sizing else 0)
@@ -184,7 +184,7 @@ class LaunchConfig:
                     raise UsageError(f"-x {name}: not set in the launcher's environment; write -x {name}=VALUE")
                 given = environ[name]
             out[name] = given
-        from trainrun._horovod import VARIABLE, choice
+        from trainrun.plan.horovod_shim import VARIABLE, choice
 
         try:  # every rank's env says which `horovod` it imports (--dry-run shows it; supervisor/local.py acts on it)
             out[VARIABLE] = choice({**environ, **out}, self.horovod)

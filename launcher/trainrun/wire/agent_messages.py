@@ -1,6 +1,6 @@
-"""Typed payloads of the agent channel's JSON frames (wire.py carries them as bytes).
+"""Typed payloads of the agent channel's JSON frames (agent_frames.py carries them as bytes).
 
-    HELLO    agent -> launcher   HostFacts (trainrun.facts.model)
+    HELLO    agent -> launcher   HostFacts (trainrun.plan.facts)
     JOB      launcher -> agent   AgentJob: the host's ProcessSpecs and how to run them
     STARTED  agent -> launcher   {rank: pid}
     BEAT     both ways           Beat: the sender's wall clock (and the echo of the peer's)
@@ -25,7 +25,7 @@ class AgentJob:
     the ranks have ended it cleans up, sends DONE and waits for the next JOB instead of exiting;
     `restartable`: a parameter-server job: a rank that ended may be started again (RESTART), so the agent
     stays until the launcher closes the channel; `warm`: an elastic job's agent keeps a spare interpreter per
-    rank for the next attempt (supervisor/spares.py, --warm-ranks)."""
+    rank for the next attempt (elasticjob/spares.py, --warm-ranks)."""
 
     procs: tuple[ProcessSpec, ...]
     pmi: bool

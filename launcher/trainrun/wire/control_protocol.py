@@ -1,8 +1,8 @@
 """The control channel between a rank and the agent of its host (or the launcher, for its own host).
 
 Each rank of an elastic job inherits one end of a socketpair as TRAINRUN_CTL_FD (like PMI_FD: no port).
-Frames are the agent channel's (agent/wire.py: kind | rank | length | payload). Stdlib only: imported by
-ranks (trainrun.elastic.client) and by the agent/launcher side (trainrun.supervisor.control).
+Frames are the agent channel's (wire/agent_frames.py: kind | rank | length | payload). Stdlib only: imported by
+ranks (trainrun.elastic.client) and by the agent/launcher side (trainrun.elasticjob.control).
 
     rank -> owner   S  SEGMENT  u64 n: the path of this host's committed-state segment (shm_slot.py),
                                 created or grown (keeping its newest copy) so that a slot holds n bytes;

@@ -1,4 +1,4 @@
-"""The hand-off to a warm rank: what the owner of a spare process (supervisor/spares.py) tells it to become.
+"""The hand-off to a warm rank: what the owner of a spare process (elasticjob/spares.py) tells it to become.
 
 A spare (elastic/spare.py) is an interpreter started ahead of an elastic job's restart with the rank's
 interpreter, working directory and start-up environment, which has imported the framework and waits on a

@@ -17,9 +17,9 @@ is dropped (diagnosis must never block training):
                                unless a raising rank makes progress again soon after (it caught
                                the error and the absent rank came back: supervisor/job.py)
     perf WALL WAIT COLL LAST STEPS BEFORE BYTES RSS GPU
-                               every diag/perf.WINDOW_S: the window's collectives, time and memory (9
+                               every wire/perf_line.WINDOW_S: the window's collectives, time and memory (9
                                fields), for straggler detection and the live view (supervisor/straggler.py,
-                               supervisor/monitor.py); diag/perf.py says what each field is
+                               supervisor/monitor.py); wire/perf_line.py says what each field is
     stuck S WHAT               this rank has waited S seconds in WHAT ("allreduce 'x'") and no collective
                                round completed meanwhile: some peer's engine takes no part at all (it is
                                stopped, exited, in MPI_Finalize, or hung outside trainrun), a wait that
@@ -181,8 +181,8 @@ def _report_progress() -> None:
 
 
 def _report_window(window):
-    """Send a `perf` line (diag/perf.py) when the window begun at `window` is WINDOW_S old; the new window."""
-    from trainrun.diag import perf
+    """Send a `perf` line (wire/perf_line.py) when the window begun at `window` is WINDOW_S old; the new window."""
+    from trainrun.wire import perf_line as perf
 
     engine = _global_engine()
     now = time.perf_counter_ns()

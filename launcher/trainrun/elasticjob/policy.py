@@ -21,7 +21,7 @@ DEFAULT_MAX_BACKOFF = 10.0
 keeps a failing job from restarting in a tight loop and lets a short fault (a port still in TIME_WAIT, a
 file system hiccup) pass; 10 s does both, while each further second is a second every rank of the job sits
 idle per failure. A fault that lasts longer is a host's, which the cool-down (--blacklist-cooldown-range)
-and --max-restarts deal with. cli/config.LaunchConfig.max_backoff repeats this value (the config layer does
+and --max-restarts deal with. config.LaunchConfig.max_backoff repeats this value (the config layer does
 not import this module at start-up; tests/unit/test_elastic_policy.py checks that the two agree)."""
 STARTUP_WINDOW = 10.0  # seconds: failures this soon after the start (and before the MPI world formed) are start-up failures
 
@@ -38,7 +38,7 @@ class ElasticSettings:
     discovery_script: str | None = None
     cooldown: tuple[float, float] | None = None
     elastic_timeout: float = 600.0
-    warm_ranks: bool = True  # a spare interpreter per rank for the next attempt (supervisor/spares.py)
+    warm_ranks: bool = True  # a spare interpreter per rank for the next attempt (elasticjob/spares.py)
     max_backoff: float = DEFAULT_MAX_BACKOFF  # --max-backoff: the cap of the back-off before a restart (backoff())
 
     @property

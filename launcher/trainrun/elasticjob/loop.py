@@ -1,11 +1,11 @@
 """The elastic loop: run a job as a series of attempts until it succeeds, fails for good, or is interrupted.
 
-An attempt is an ordinary Job under the attempt's exit policy (supervisor/attempt.py's AttemptPolicy, which
+An attempt is an ordinary Job under the attempt's exit policy (elasticjob/attempt.py's AttemptPolicy, which
 records how its ranks ended), assembled as a static job's is (supervisor/assemble.py) and planned by the one
 planner on the hosts the
-policy picks (supervisor/restart_policy.py). MPICH ranks cannot re-form their world after a peer died, so a
+policy picks (elasticjob/policy.py). MPICH ranks cannot re-form their world after a peer died, so a
 restart stops every rank and starts a new set; the agents (and this launcher) stay, and so does the state
-the ranks committed with them (supervisor/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
+the ranks committed with them (elasticjob/control.py: a /dev/shm segment per host, removed at the end). Each rank sees TRAINRUN_RESTART_COUNT (the attempt number).
 
     failure   a rank or host failed: record it (FailureRecord), cool the host down (elastic sizing), and
               restart after a back-off -- unless every rank failed the same way at start-up (a restart
@@ -26,16 +26,16 @@ from trainrun import log
 from trainrun.errors import HostsError
 from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape
-from trainrun.supervisor.discovery import LiveHosts
-from trainrun.supervisor.restart_policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
+from trainrun.elasticjob.discovery import LiveHosts
+from trainrun.elasticjob.policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
 
 if TYPE_CHECKING:
-    from trainrun.facts.model import HostFacts
+    from trainrun.plan.facts import HostFacts
     from trainrun.fanout.agents import AgentRanks
     from trainrun.fanout.base import FanoutEngine
-    from trainrun.fanout.elastic_agents import AgentPool
+    from trainrun.elasticjob.agents import AgentPool
     from trainrun.launchspec import LaunchSpec
-    from trainrun.supervisor.spares import SparePool
+    from trainrun.elasticjob.spares import SparePool
 
 IDLE_TICK = 0.2
 
@@ -57,7 +57,7 @@ class ElasticLoop:
     def __init__(self, spec: LaunchSpec, settings: ElasticSettings, source: LiveHosts):
         """`spec`: the launch's resolved options (launchspec.py; its HostSource says where the hosts come from
         and which engine reaches them); `settings`: its elastic settings; `source`: the hosts over time."""
-        from trainrun.supervisor.control import ControlServer, SegmentStore
+        from trainrun.elasticjob.control import ControlServer, SegmentStore
 
         self.spec, self.settings, self.source, self.origin = spec, settings, source, spec.hosts
         self.book = HostBook(settings.cooldown)
@@ -87,7 +87,7 @@ class ElasticLoop:
         guard = Watchdog()  # if this launcher is killed, the guardian removes this machine's state segments
         guard.unlink_on_death(self.control.store.prefix)
         if self.settings.warm_ranks:  # the guardian also kills this machine's spares if the launcher dies
-            from trainrun.supervisor.spares import SparePool
+            from trainrun.elasticjob.spares import SparePool
 
             self.spares = SparePool(guard)
         try:
@@ -138,7 +138,7 @@ class ElasticLoop:
         if not remote:
             return True
         if self.pool is None:
-            from trainrun.fanout.elastic_agents import AgentPool
+            from trainrun.elasticjob.agents import AgentPool
             from trainrun.fanout.select import engine_for
 
             sup = self.spec.supervision
@@ -166,7 +166,7 @@ class ElasticLoop:
     def _attempt(self, pick: Pick) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
         from trainrun.supervisor.assemble import assemble_job
-        from trainrun.supervisor.attempt import AttemptPolicy
+        from trainrun.elasticjob.attempt import AttemptPolicy
 
         spec = self.spec
         shape = JobShape(pick.hosts, tuple(ranks_per_host(list(pick.hosts), pick.np, spec.plan.oversubscribe)))

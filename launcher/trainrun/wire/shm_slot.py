@@ -1,7 +1,7 @@
 """The committed-state segment: a file in /dev/shm with two slots, so that a writer killed mid-commit never
 leaves a torn copy (the last complete commit wins). Stdlib (+ numpy for the copy, xxhash when installed).
 
-The host's owner (the agent, or the launcher for its own host: supervisor/control.py) creates the segment and
+The host's owner (the agent, or the launcher for its own host: elasticjob/control.py) creates the segment and
 unlinks it; the rank that commits (local rank 0) maps it and writes; a rank of a later attempt maps it and
 reads. The file outlives the writer: what a killed rank wrote stays.
 
@@ -260,7 +260,7 @@ class Segment:
 
     def copy_newest_from(self, other: Segment) -> SlotHeader | None:
         """Copy `other`'s newest complete copy (checked) into slot 0 of this empty segment, header and all
-        (growing a segment: supervisor/control.py). Returns its header, or None when `other` held none."""
+        (growing a segment: elasticjob/control.py). Returns its header, or None when `other` held none."""
         found = other.newest()
         if found is None:
             return None

@@ -17,8 +17,8 @@ agent -> launcher:  HELLO (json: host facts, sent at start)  STARTED (json: pids
                     FATAL (text: the agent could not do its job, e.g. a program did not start)
                     STACKS (json DumpReply: the answer to DUMP)
                     PROGRESS (rank: its runtime made progress; payload: empty, or a window summary,
-                              "WALL WAIT COLL LAST STEPS BEFORE BYTES RSS GPU": 9 fields, diag/perf.py)   STALL (rank: its runtime's "stall ..." or "stuck ..."
-                                  line, diag/rankhook.py: the job cannot go on)
+                              "WALL WAIT COLL LAST STEPS BEFORE BYTES RSS GPU": 9 fields, wire/perf_line.py)   STALL (rank: its runtime's "stall ..." or "stuck ..."
+                                  line, runtime/rankhook.py: the job cannot go on)
                     DONE  (an elastic job's attempt is over here: ranks reaped, shm removed; a JOB may follow)
 The JSON payloads' types are in messages.py.
 """

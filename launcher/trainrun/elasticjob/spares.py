@@ -4,7 +4,7 @@ A restart of an elastic job starts every rank again (MPICH's world cannot lose a
 machine ~85% of that restart is each new process importing the framework (`import torch`, and
 `torch._dynamo`, which the first optimizer imports). A SparePool keeps, per rank of this host, one process
 that has done that already (elastic/spare.py) and hands it the rank's argv, environment and descriptors
-when the next attempt starts it (elastic/spare_wire.py). The spare is this process's child, like a cold
+when the next attempt starts it (wire/spare_handoff.py). The spare is this process's child, like a cold
 rank: LocalRanks owns, watches and reaps it the same way once it is a rank.
 
 Which spare may become which rank: its interpreter and its *start-up environment* must equal the rank's,
@@ -29,7 +29,7 @@ import subprocess
 from dataclasses import dataclass
 
 from trainrun import log
-from trainrun.elastic.spare_wire import PAD_VARIABLE, READY, Handoff, send_handoff
+from trainrun.wire.spare_handoff import PAD_VARIABLE, READY, Handoff, send_handoff
 
 SPARE_MODULE = "trainrun.elastic.spare"
 # trainrun's contract and settings, the process manager's, and what communication libraries read when the

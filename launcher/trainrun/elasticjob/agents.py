@@ -1,4 +1,4 @@
-"""Agents that outlive an attempt of an elastic job (supervisor/restarts.py): ElasticAgentRanks and AgentPool.
+"""Agents that outlive an attempt of an elastic job (elasticjob/loop.py): ElasticAgentRanks and AgentPool.
 
 ElasticAgentRanks is an AgentRanks whose JOB says `elastic`: at the end of an attempt it does not close the
 channel (which would end the agent) but waits for the agent's DONE (its ranks reaped, /dev/shm removed),
@@ -14,7 +14,7 @@ import selectors
 import time
 
 from trainrun import log
-from trainrun.agent import wire
+from trainrun.wire import agent_frames as wire
 from trainrun.errors import HostError
 from trainrun.fanout.agents import AgentRanks, read_hello
 from trainrun.fanout.base import FanoutEngine

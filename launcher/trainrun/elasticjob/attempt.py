@@ -1,5 +1,6 @@
-"""One attempt of an elastic job: its ExitPolicy (exit_policy.py), and a watch on the hosts while it runs. The
-attempt itself is an ordinary Job (job.py) under this policy, assembled as a static job is (assemble.py).
+"""One attempt of an elastic job: its ExitPolicy (supervisor/exit_policy.py), and a watch on the hosts while it
+runs. The attempt itself is an ordinary Job (supervisor/job.py) under this policy, assembled as a static job is
+(supervisor/assemble.py).
 
 AttemptPolicy judges as StaticPolicy does, except that
 - a rank that exits with RESET_EXIT_CODE after the launcher told the ranks that the hosts changed is not a
@@ -20,16 +21,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainrun.elastic.protocol import RESET_EXIT_CODE
+from trainrun.wire.control_protocol import RESET_EXIT_CODE
 from trainrun.supervisor.exit_policy import Fail, Ignore, RankExit, StaticPolicy, Verdict
 from trainrun.supervisor.jobstate import JobState
-from trainrun.supervisor.restart_policy import STARTUP_WINDOW, RankEnd
+from trainrun.elasticjob.policy import STARTUP_WINDOW, RankEnd
 
 SETTLE = 3.0       # seconds the other ranks get to fail on their own after a start-up failure
 RESET_WAIT = 10.0  # seconds the other ranks get to leave after the first reset exit, before they are stopped
 WATCH_EVERY = 0.5  # seconds between two questions to the elastic loop: did the hosts change?
 
-HostUpdate = dict[str, Any]  # the notice sent to the ranks' control channels (elastic/protocol.py's UPDATE)
+HostUpdate = dict[str, Any]  # the notice sent to the ranks' control channels (wire/control_protocol.py's UPDATE)
 
 
 class AttemptPolicy:

@@ -1,5 +1,5 @@
 """Window summaries of a rank's collectives for straggler detection (supervisor/straggler.py), sent on the
-diag pipe by the diag thread (rankhook.py) once per WINDOW_S:
+diag pipe by the diag thread (runtime/rankhook.py) once per WINDOW_S:
 
     perf WALL_MS WAIT_MS COLLECTIVES LAST STEPS BEFORE_MS BYTES RSS_MB GPU_MB
 
