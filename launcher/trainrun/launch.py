@@ -7,7 +7,7 @@ module only puts them in order, the same order for every mode:
     elastic       the same per attempt                                      (elasticjob/loop.py)
     --mpi openmpi shape -> facts (this machine's) -> NICs (--network-interface) -> plan -> Job over mpirun
     --dry-run     shape -> facts (this machine's) -> NICs (--network-interface) -> plan -> print
-    --check       shape -> reach -> facts -> NICs -> assign -> report        (check/collect.py)
+    --check       shape -> reach -> facts -> NICs -> assign -> report        (check/pipeline.py)
 
 The modes that reach no host (mpirun does its own fan-out; a dry run connects nowhere) plan with the routes a
 launch would take by name (plan/planner.named_routes), through the same MASTER_ADDR and host-address rule.
@@ -151,7 +151,7 @@ def run_job(spec: LaunchSpec, shape: JobShape, facts: dict) -> int:
 def check(spec: LaunchSpec) -> int:
     """`--check`: print the report; 0 if the job could run, else CheckFailed's code (also when --perf-strict
     and --perf found the job would run degraded)."""
-    from trainrun.check.collect import run_check
+    from trainrun.check.pipeline import run_check
     from trainrun.check.report import render_report, report_json
     from trainrun.errors import CheckFailed
 

@@ -2,7 +2,7 @@
 and grouping."""
 import pytest
 
-from trainrun.diag.report import group_stacks, headline, render
+from trainrun.diag.stack_report import group_stacks, headline, render
 from trainrun.diag.stacks import Frame, RankStack, ThreadStack, parse_faulthandler, parse_py_spy
 from trainrun.fanout.clock import ClockOffset
 from trainrun.supervisor.result import Failure, JobResult, named_rank, settle, tail_to_show

@@ -181,3 +181,20 @@ def test_a_planted_upward_import_fails(tmp_path):
     layers = [layers[0], ("ranks", "ranks", ["other"]), *layers[1:3]]  # down, but across the sides
     assert check_layers(pkg, layers)[1:] == [
         "pkg/other.py:1: other (ranks, ranks side) imports low.special (special, launcher side)"]
+
+
+def package_cycles(root: Path) -> set[frozenset[str]]:
+    """Pairs of packages (a top-level module counts as one) each of which imports the other."""
+    modules = module_names(root)
+    top = lambda name: name.split(".")[0]  # noqa: E731
+    arrows = {(top(name), top(target)) for name, path in modules.items()
+              for target, _ in imports_of(name, path, modules, root.name) if top(name) != top(target)}
+    return {frozenset(a) for a in arrows if (a[1], a[0]) in arrows}
+
+
+def test_the_only_packages_that_import_each_other_are_the_ones_the_map_explains():
+    """docs/architecture.md's "Arrows back up" lists each pair as `a` <-> `b`: no other, and none stale."""
+    section = DOC.read_text().split("**Arrows back up.**", 1)[1].split("\n\n", 1)[0]
+    listed = {frozenset(pair) for pair in re.findall(r"`([\w.]+)` <-> `([\w.]+)`", section)}
+    assert package_cycles(PACKAGE) == listed
+    assert len(listed) <= 5

@@ -54,7 +54,7 @@ def test_64_ranks_on_8_hosts_fit_80x24_with_the_straggler_marked_and_its_line():
     m = mon.Monitor(dict(HOSTS64))
     for r in range(64):
         m.on_window(win(r, wait=200 if r >= 56 else 2500, last=12 if r >= 56 else 1))
-    v = st.Verdict(tuple(range(56, 64)), "node08", 0.96, 0.62, 1.9, 30.0, "inside")
+    v = st.StragglerVerdict(tuple(range(56, 64)), "node08", 0.96, 0.62, 1.9, 30.0, "inside")
     m.on_verdict(v, st.describe(v, HOSTS64), recovered=False)
     text = render(m)
     lines = text.splitlines()

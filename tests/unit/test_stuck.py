@@ -7,7 +7,7 @@ import time
 import pytest
 
 from trainrun.runtime.rankhook import SLOWEST_TRANSFER_BPS, STUCK_OTHER_FACTOR, StuckWatch
-from trainrun.diag.report import render
+from trainrun.diag.stack_report import render
 from trainrun.diag.stacks import RankStack, Target, find_py_spy, proc_state, take_stacks
 from trainrun.supervisor.stall import Stuck, describe
 
@@ -152,7 +152,7 @@ def test_a_rank_whose_stack_is_in_a_trainrun_call_waits_too():
 
 
 def test_in_trainrun_call_reads_the_main_thread():
-    from trainrun.diag.report import in_trainrun_call
+    from trainrun.diag.stack_report import in_trainrun_call
     from trainrun.diag.stacks import Frame, ThreadStack
 
     def stack(*files):

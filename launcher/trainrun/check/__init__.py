@@ -1,2 +1,2 @@
-"""`trainrun --check`: collect every host's facts and the NIC probe (collect.py), judge and render the
+"""`trainrun --check`: collect every host's facts and the NIC probe (pipeline.py), judge and render the
 report (report.py)."""

@@ -1,6 +1,6 @@
 """`trainrun --check --perf`: measure every link and every host, through the engine that reached them.
 
-Runs after the check (collect.py) found the job could run, with the same engine: one
+Runs after the check (pipeline.py) found the job could run, with the same engine: one
 `python -m trainrun.net.linkbench HOST` per host (its channel carries every command; closing it ends the
 process and its short-lived listening sockets), then
 

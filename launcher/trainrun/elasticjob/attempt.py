@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainrun.wire.control_protocol import RESET_EXIT_CODE
-from trainrun.supervisor.exit_policy import Fail, Ignore, RankExit, StaticPolicy, Verdict
+from trainrun.supervisor.exit_policy import Fail, Ignore, RankExit, StaticPolicy, ExitVerdict
 from trainrun.supervisor.jobstate import JobState
 from trainrun.elasticjob.policy import STARTUP_WINDOW, RankEnd
 
@@ -52,7 +52,7 @@ class AttemptPolicy:
         time it returns an update, call `notify(update)` and honour reset exits from then on."""
         self._changed, self._notify = changed, notify
 
-    def on_exit(self, ended: RankExit) -> Verdict:
+    def on_exit(self, ended: RankExit) -> ExitVerdict:
         rc = ended.returncode
         self.ends.append(RankEnd(ended.rank, rc, ended.at - self.started, ended.last_line))
         if rc == RESET_EXIT_CODE and self.notified:

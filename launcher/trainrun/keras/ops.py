@@ -1,6 +1,6 @@
 """Collectives on Keras values (tensors, variables, NumPy arrays) with Horovod's Keras signatures, on
 the backend Keras runs: each returns a backend tensor; `broadcast_variables` assigns in place.
-`binding` is the backend's trainrun.keras_common.collectives.Collectives."""
+`binding` is the backend's trainrun.keras_common.collectives.KerasCollectives."""
 from __future__ import annotations
 
 import keras

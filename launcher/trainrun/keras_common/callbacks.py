@@ -1,5 +1,5 @@
 """Horovod's Keras callbacks, for any Keras: `make(keras, ops)` builds the classes on that Keras's
-`Callback` (Keras 3, or tf-keras) with that backend's collectives (`ops`: a collectives.Collectives)."""
+`Callback` (Keras 3, or tf-keras) with that backend's collectives (`ops`: a collectives.KerasCollectives)."""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,8 +1,8 @@
 """Collectives on Keras values (variables, backend tensors, NumPy arrays) for every Keras backend trainrun
-supports: Keras 3 on torch or tensorflow, and tf-keras. `for_backend(name)` gives the backend's `Collectives`.
+supports: Keras 3 on torch or tensorflow, and tf-keras. `for_backend(name)` gives the backend's `KerasCollectives`.
 
 Horovod's Keras signatures and defaults (allreduce: Average; reducescatter: Average) are written once, in
-`Collectives`, for all backends; a backend supplies only what truly differs (`_TorchBackend`,
+`KerasCollectives`, for all backends; a backend supplies only what truly differs (`_TorchBackend`,
 `_TensorFlowBackend`): how a Keras value becomes its tensor, its binding's mpi_ops, in-place broadcast of
 variables, how the optimizer's gradients are reduced and copied, and whether a step runs as a graph. (Two
 per-backend modules with their own public functions once let `reducescatter`'s default drift apart:
@@ -125,7 +125,7 @@ class _TensorFlowBackend:
         tf.cond(count.assign_add(1) >= passes, update, lambda: tf.constant(False))
 
 
-class Collectives:
+class KerasCollectives:
     """Horovod's Keras collectives (horovod.keras / horovod.tensorflow.keras signatures) on one backend.
     Each returns a backend tensor; `broadcast_variables` assigns in place. Also what the optimizer
     wrapper and callbacks need: Compression, reduce_gradients, clone, in_graph, accumulate_in_graph."""
@@ -162,14 +162,14 @@ class Collectives:
 
 
 _BACKENDS = {"torch": _TorchBackend, "tensorflow": _TensorFlowBackend}
-_MADE: dict[str, Collectives] = {}
+_MADE: dict[str, KerasCollectives] = {}
 
 
-def for_backend(name: str) -> Collectives:
+def for_backend(name: str) -> KerasCollectives:
     """The collectives for Keras backend `name` ("torch" or "tensorflow"; tf-keras is "tensorflow"),
     made once per process (importing that framework)."""
     if name not in _BACKENDS:
         raise ValueError(f"trainrun's Keras collectives support the torch and tensorflow backends, not {name!r}")
     if name not in _MADE:
-        _MADE[name] = Collectives(_BACKENDS[name]())
+        _MADE[name] = KerasCollectives(_BACKENDS[name]())
     return _MADE[name]

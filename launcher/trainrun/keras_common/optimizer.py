@@ -10,7 +10,7 @@ accumulate locally and only every k-th call reduces and applies them (averaged o
 updates. Eagerly (and on torch) that accumulation is Python-side; in the tf.function that Keras 3's
 `fit` compiles on TensorFlow it is in the graph (collectives' accumulate_in_graph: variables and tf.cond).
 
-`ops` is the backend's collectives.Collectives: reduce_gradients, clone, in_graph, accumulate_in_graph.
+`ops` is the backend's collectives.KerasCollectives: reduce_gradients, clone, in_graph, accumulate_in_graph.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class _Settings:
         self.name = None          # the grouped allreduce's name, fixed on the first step
         self.accumulated = None   # gradients summed over the passes so far
         self.count = 0
-        self.graph = None         # in-graph accumulation's variables (Collectives.accumulate_in_graph)
+        self.graph = None         # in-graph accumulation's variables (KerasCollectives.accumulate_in_graph)
         self.local: set = set()   # ids of variables whose gradients stay on this rank (register_local_var)
         self.scale_local = True   # divide those by the set size (Horovod's scale_local_gradients)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from operator import attrgetter
 
 from trainrun.runtime.backends import Collectives
-from trainrun.runtime.collectives import MpiCollectives
+from trainrun.runtime.backends.mpi_collectives import MpiCollectives
 from trainrun.runtime.meter import Meter
 from trainrun.runtime.ops import GROUP, Request
 

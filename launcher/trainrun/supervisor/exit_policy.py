@@ -2,7 +2,7 @@
 
 The Job owns the mechanics (recording a failure, stopping and killing the ranks, its state in jobstate.py); a
 policy only judges. When a rank ends, the Job describes the end (RankExit: pure data) and asks its policy for a
-Verdict, which it then carries out:
+ExitVerdict, which it then carries out:
 
     Ignore()            nothing to do (a success, the launcher's own teardown, an elastic reset exit);
                         `stop_others_in` s: not a failure, but stop the ranks still running after that long
@@ -76,13 +76,13 @@ class Done:
     """The job succeeded: stop the ranks still running; what ends after this is teardown."""
 
 
-Verdict = Union[Ignore, Fail, Restart, Done]  # (Union: the package runs on Python 3.9)
+ExitVerdict = Union[Ignore, Fail, Restart, Done]  # (Union: the package runs on Python 3.9)
 
 
 class ExitPolicy(Protocol):
     """What decides a job's end. Called from the Job's loop thread only."""
 
-    def on_exit(self, ended: RankExit) -> Verdict:
+    def on_exit(self, ended: RankExit) -> ExitVerdict:
         """Judge a rank's end. Called exactly once per reported end (a restarted rank's ends included)."""
         ...
 
@@ -99,7 +99,7 @@ class ExitPolicy(Protocol):
 class StaticPolicy:
     """A static job: a rank that exits non-zero or is killed fails the job, unless the launcher killed it."""
 
-    def on_exit(self, ended: RankExit) -> Verdict:
+    def on_exit(self, ended: RankExit) -> ExitVerdict:
         if ended.returncode == 0 or ended.ours:
             return Ignore()
         return Fail()

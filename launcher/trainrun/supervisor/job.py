@@ -13,7 +13,7 @@ job's, ps_policy.py); the Job carries it out. The policy never changes the Job: 
 
 Stacks: SIGUSR1 to the launcher, a rank's StallError or stuck report, or `hang_timeout` seconds without
 output, PMI traffic or runtime progress from any rank make every group take its running ranks' stacks
-(dump()); they are printed grouped by identical stack (diag/report.py) and written to `output_dir`. The
+(dump()); they are printed grouped by identical stack (diag/stack_report.py) and written to `output_dir`. The
 job goes on after SIGUSR1; after a hang timeout it fails with exit code 124.
 
 Stalls: a rank's StallError (some ranks did not submit a collective within the stall timeout: spinning,
@@ -277,7 +277,7 @@ class Job:
             self._stall_verdict = (time.monotonic() + STALL_RECOVER_S, stacks)
 
     def _fail_stuck(self, stacks: list[RankStack]) -> None:
-        from trainrun.diag.report import in_trainrun_call
+        from trainrun.diag.stack_report import in_trainrun_call
         from trainrun.supervisor.stall import STALL_EXIT, describe
 
         states = {s.rank: s.state for s in stacks if s.state}
@@ -315,7 +315,7 @@ class Job:
             if d.waiting and now < d.deadline and not final:
                 continue
             del self._dumps[seq]
-            from trainrun.diag.report import render, write_dumps
+            from trainrun.diag.stack_report import render, write_dumps
 
             got = {s.rank for s in d.stacks}
             stacks = sorted(d.stacks, key=lambda s: s.rank)

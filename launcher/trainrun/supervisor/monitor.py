@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainrun.supervisor.straggler import Verdict, Window
+from trainrun.supervisor.straggler import StragglerVerdict, Window
 
 PLAIN_EVERY_S = 10.0
 REFRESH_S = 0.5
@@ -118,7 +118,7 @@ def plain_lines(rs: list[Row]) -> list[str]:
     return out
 
 
-def event(kind: str, v: Verdict | None, message: str, **more) -> str:
+def event(kind: str, v: StragglerVerdict | None, message: str, **more) -> str:
     """One JSON line for --json."""
     d: dict = {"event": kind, "time": round(time.time(), 3)}
     if v is not None:
@@ -143,7 +143,7 @@ class Monitor:
         self.err = err if err is not None else sys.stderr
         self.clock = clock
         self.latest: dict[int, Window] = {}
-        self.named: Verdict | None = None
+        self.named: StragglerVerdict | None = None
         self.named_line = ""
         self._live: Any = None      # rich.live.Live, while drawing (rich is imported only then)
         self._console: Any = None
@@ -162,7 +162,7 @@ class Monitor:
             for line in plain_lines(rows(self.latest, self.hosts, self.named.ranks if self.named else ())):
                 self._say(f"trainrun: {line}")
 
-    def on_verdict(self, v: Verdict, line: str, recovered: bool) -> None:
+    def on_verdict(self, v: StragglerVerdict, line: str, recovered: bool) -> None:
         self.named, self.named_line = (None, "") if recovered else (v, line)
         if self.json_events:
             self._say(event("straggler_recovered" if recovered else "straggler", v, line))

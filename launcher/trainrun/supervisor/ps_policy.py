@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainrun.plan.roles import Task
-from trainrun.supervisor.exit_policy import Done, Fail, Ignore, RankExit, Restart, StaticPolicy, Verdict
+from trainrun.supervisor.exit_policy import Done, Fail, Ignore, RankExit, Restart, StaticPolicy, ExitVerdict
 from trainrun.supervisor.jobstate import JobState
 
 DECIDERS = ("chief", "evaluator")
@@ -32,7 +32,7 @@ class PsPolicy:
     def restart_count(self, rank: int) -> int:
         return self.restarts.get(rank, 0)
 
-    def on_exit(self, ended: RankExit) -> Verdict:
+    def on_exit(self, ended: RankExit) -> ExitVerdict:
         if self.done:
             return Ignore()  # a ps or worker stopped after the chief finished
         if ended.ours or ended.state.stop_asked:

@@ -94,7 +94,7 @@ class Stats:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StragglerVerdict:
     """`who`: the rank(s) named, all of one host; `host` set when the whole host is named."""
     ranks: tuple[int, ...]
     host: str | None
@@ -156,14 +156,14 @@ def candidates(stats: dict[int, Stats], hosts: dict[int, str]) -> list[list[int]
     return out + [[max(stats, key=lambda r: stats[r].last_share)]]
 
 
-def judge(stats: dict[int, Stats], hosts: dict[int, str], current: Verdict | None, span_s: float) -> Verdict | None:
+def judge(stats: dict[int, Stats], hosts: dict[int, str], current: StragglerVerdict | None, span_s: float) -> StragglerVerdict | None:
     """The straggler among ranks with `stats` (rank -> host in `hosts`), or None. `current`: the one
     named now, judged with the looser RECOVER_* thresholds."""
     if len(stats) < 2:
         return None
     by_host = _by_host(stats, hosts)
 
-    def test(group: list[int], loose: bool) -> Verdict | None:
+    def test(group: list[int], loose: bool) -> StragglerVerdict | None:
         f = shortfalls(group, stats, by_host)
         if f is None:
             return None
@@ -176,7 +176,7 @@ def judge(stats: dict[int, Stats], hosts: dict[int, str], current: Verdict | Non
         mine = statistics.mean(stats[r].compute_ms for r in group)
         theirs = statistics.median(stats[r].compute_ms for r in others)
         host = hosts.get(group[0]) if len(group) > 1 else None
-        return Verdict(tuple(group), host, f["share"], f["others_wait"],
+        return StragglerVerdict(tuple(group), host, f["share"], f["others_wait"],
                        mine / theirs if theirs > 0 else float("inf"), span_s, where_lost(group, others, stats))
 
     if current is not None:  # still there?
@@ -234,7 +234,7 @@ WHERE_WORDS = {"before": "its time goes before the step (data loading or the for
                "inside": "its time goes inside the step (compute: backward, optimizer)"}
 
 
-def describe(v: Verdict, hosts: dict[int, str]) -> str:
+def describe(v: StragglerVerdict, hosts: dict[int, str]) -> str:
     """The line printed when `v` is first seen (without the 'trainrun: ' prefix)."""
     if v.host is not None:
         who = f"host {v.host} (ranks {', '.join(map(str, v.ranks))})"
@@ -248,7 +248,7 @@ def describe(v: Verdict, hosts: dict[int, str]) -> str:
             f"the other ranks waited {v.others_wait:.0%} of their time for it{ratio}{where}")
 
 
-def recovered(v: Verdict, hosts: dict[int, str]) -> str:
+def recovered(v: StragglerVerdict, hosts: dict[int, str]) -> str:
     who = f"host {v.host}" if v.host is not None else f"rank {v.ranks[0]} on {hosts.get(v.ranks[0], '?')}"
     return f"straggler: {who} keeps up again"
 
@@ -260,8 +260,8 @@ class Watch:
     hosts: dict[int, str]
     windows: dict[int, deque] = field(default_factory=dict)
     started: set = field(default_factory=set)  # ranks whose first (start-up) window was dropped
-    current: Verdict | None = None
-    seen: list[Verdict] = field(default_factory=list)
+    current: StragglerVerdict | None = None
+    seen: list[StragglerVerdict] = field(default_factory=list)
     totals: dict[int, list] = field(default_factory=dict)  # rank -> [wall_ms, wait_ms, coll, last]
     lowest: Slack | None = None  # the rule's smallest margin seen while no straggler was named (closest())
     # supervisor/monitor.Monitor (--monitor, --json): told every window, verdict and the summary; and

@@ -23,7 +23,7 @@ _unflatten = torch._C._nn.unflatten_dense_tensors
 
 
 def pack(tensors: list, in_place: bool, out=None):
-    """The group as a Packed, or None when it cannot travel as one: empty, or not every tensor on
+    """The group as a FlatTensors, or None when it cannot travel as one: empty, or not every tensor on
     the CPU with one dtype (the same on every rank of a correct program, so every rank takes the same
     path). One pass over the tensors checks them and, for an in-place op whose tensors are all
     contiguous, notes their blocks for MPI to copy. (Not for an out-of-place op: its result is views
@@ -44,10 +44,10 @@ def pack(tensors: list, in_place: bool, out=None):
                 lengths.append(t.nbytes)
             else:
                 addresses = None
-    return Packed(tensors, None if addresses is None else (tuple(addresses), tuple(lengths)), out)
+    return FlatTensors(tensors, None if addresses is None else (tuple(addresses), tuple(lengths)), out)
 
 
-class Packed:
+class FlatTensors:
     """The group's data back to back in `flat` (1-D, contiguous, a new tensor). `_blocks`, when MPI
     gathered the tensors, is their (addresses, byte lengths) for the copy back; `_rows`, when they
     were concatenated along dim 0, is the concatenation `flat` views (it splits back into the

@@ -1,8 +1,9 @@
-"""Data-plane backends: the primitives the engine's collectives are built from (mpi.py; nccl.py for CUDA),
+"""Data-plane backends: the primitives the engine's collectives are built from (mpi.py, and on them
+mpi_collectives.py, the MPI data plane; nccl.py for CUDA),
 and the one interface the engine runs agreed responses through (`Collectives`).
 
 Which implementation serves which device is chosen once, when an engine is made at session start
-(dispatch.open_planes): host memory -> collectives.MpiCollectives over mpi.MPIBackend; CUDA ->
+(dispatch.open_planes): host memory -> mpi_collectives.MpiCollectives over mpi.MPIBackend; CUDA ->
 nccl.NcclPlane. Nothing below that choice looks at devices again.
 """
 from __future__ import annotations
