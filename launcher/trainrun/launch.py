@@ -103,14 +103,13 @@ def print_with_elastic(spec: LaunchSpec, text: str) -> None:
     the JSON also holds the supervision every mode's Job would run under (its timeouts, resolved once)."""
     elastic = spec.elastic
     if spec.output.json:
-        import dataclasses
         import json
 
         doc = json.loads(text)
         if elastic is not None:
             doc["elastic"] = elastic.to_json()
         sup = spec.supervision
-        doc["supervision"] = {**dataclasses.asdict(sup), "host_answer": sup.host_answer}
+        doc["supervision"] = {**sup._asdict(), "host_answer": sup.host_answer}
         print(json.dumps(doc, indent=2))
     else:
         print(text)

@@ -18,8 +18,7 @@ same LaunchSpec, so an option reaches the ranks the same way in each, or is refu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping, NamedTuple, TYPE_CHECKING
 
 from trainrun.errors import UsageError
 from trainrun.fanout.select import HostRequest, HostSource, ReachOptions, host_source
@@ -34,8 +33,7 @@ if TYPE_CHECKING:
     from trainrun.elasticjob.policy import ElasticSettings
 
 
-@dataclass(frozen=True)
-class LaunchSpec:
+class LaunchSpec(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """One launch, resolved. `given_hosts`: -H's or --hostfile's hosts as written (before --exclude; None when
     the hosts come from elsewhere), for `--check --perf`'s own launch of the collective benchmark. `mode`:
     "run", "dry-run" or "check". `discovery_script`: an elastic job's script, run again by the elastic loop."""

@@ -35,11 +35,11 @@ def test_a_ps_failing_fails_the_job():
 def test_a_dead_worker_is_restarted_up_to_the_limit_per_task():
     p = PsPolicy(TASKS, 2)
     first = verdict(p, 2, 1)
-    assert isinstance(first, Restart) and first.count == 1
+    assert isinstance(first, Restart) and first.restart_count == 1
     assert "worker 1 (rank 2 on h1)" in first.line and "restart 1 of 2" in first.line
     assert isinstance(verdict(p, 1, 1), Restart)  # another task has its own count
     again = verdict(p, 2, 1)
-    assert isinstance(again, Restart) and again.count == 2 and p.restart_count(2) == 2
+    assert isinstance(again, Restart) and again.restart_count == 2 and p.restart_count(2) == 2
     last = verdict(p, 2, 1)
     assert isinstance(last, Fail) and "--max-restarts 2" in last.note
     assert verdict(p, 1, 0) == Ignore()  # a worker that ended its own loop

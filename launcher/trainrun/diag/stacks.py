@@ -22,10 +22,8 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
@@ -83,52 +81,6 @@ class HookInfo(NamedTuple):
 
 
 # --- where a host's faulthandler files live -------------------------------------------------------------
-# One directory per job and host, made by the owner of the host's ranks (LocalRanks.start: the launcher for
-# its own host, the agent elsewhere) and named to each rank by STACKS_DIR_ENV, so that whoever cleans up after
-# the ranks removes their files with it even when no rank could (a SIGKILLed rank runs no atexit): the owner
-# when its ranks are reaped, its Watchdog when the owner dies, and the reaper that a launcher runs on a lost
-# host (supervisor/reaper.py), which knows only the job id and the host: hence a name derived from them.
-STACKS_DIR_ENV = "TRAINRUN_STACKS_DIR"
-
-
-def stacks_dir(job_id: str, host: str, tmp: str | None = None) -> str:
-    """The stack-file directory of job `job_id`'s ranks on `host` (the host's mark, reaper.py): a
-    `trainrun-stacks-JOB-HOST` directory in `tmp` (default: this process's temporary directory, which the
-    owner, its watchdog and a reaper started the same way agree on). Characters outside [A-Za-z0-9_.-]
-    become `_`. Pure."""
-    def safe(text: str) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:64]
-
-    return os.path.join(tmp or tempfile.gettempdir(), f"trainrun-stacks-{safe(job_id)}-{safe(host)}")
-
-
-def make_stacks_dir(job_id: str, host: str) -> str | None:
-    """Make job `job_id`'s stack-file directory on `host` (mode 0700) and return it; an existing one is used if
-    it is a real directory of this user (the same owner starting a rank again). None when neither works (the
-    ranks then keep their files in the temporary directory, as without an owner)."""
-    path = stacks_dir(job_id, host)
-    try:
-        os.mkdir(path, 0o700)
-        return path
-    except FileExistsError:
-        st = os.lstat(path)
-        # not a symlink or a file someone put there: the name is guessable once the job id is known
-        return path if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() else None
-    except OSError:
-        return None
-
-
-def remove_stacks_dir(job_id: str, host: str) -> None:
-    """Remove job `job_id`'s stack-file directory on `host` and the files in it, if it is there: after the
-    ranks that wrote them are dead. Never raises."""
-    path = stacks_dir(job_id, host)
-    try:
-        if stat.S_ISDIR(os.lstat(path).st_mode):
-            shutil.rmtree(path, ignore_errors=True)  # never follows a symlink inside it
-    except OSError:
-        pass
-
-
 class Target(NamedTuple):
     rank: int
     host: str

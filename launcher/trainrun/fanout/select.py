@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping, NamedTuple, TYPE_CHECKING
 
 from trainrun.errors import UsageError
 from trainrun.plan.hosts import Exclusion, HostSpec, apply_exclude
@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from trainrun.slurm.allocation import Allocation
 
 
-@dataclass(frozen=True)
-class HostRequest:
+class HostRequest(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """Where the user said the hosts are: `given` (-H's, --hostfile's or --host-discovery-script's first answer;
     None: none given), `flag` (which of those, for the reason line), `engine` (--engine: auto, ssh, slurm),
     `exclude` (--exclude), `local_np` (-np, else --tf-cluster's task count: this machine's slots when no host
@@ -36,8 +35,7 @@ class HostRequest:
     local_np: int | None = None
 
 
-@dataclass(frozen=True)
-class ReachOptions:
+class ReachOptions(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """How remote hosts are reached: the SSH options (None: the ssh config's, then OpenSSH's defaults),
     --ssh-parallelism, and --python (None: the launcher's path where it exists, else python3)."""
 

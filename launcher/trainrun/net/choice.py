@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from trainrun.plan.facts import HostFacts
 from trainrun.plan.hosts import HostSpec
@@ -20,8 +19,7 @@ from trainrun.plan.hosts import HostSpec
 CACHE_TTL = 3600.0
 
 
-@dataclass(frozen=True)
-class NicOptions:
+class NicOptions(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """`pinned`: --network-interface's NICs (() : the probe chooses). `no_cache`: --no-cache. `reached_as`: how
     the hosts are reached (fanout/select.ReachOptions.cache_key): one cache entry per host set as reached."""
 

@@ -174,7 +174,7 @@ class Job:
             self.stop()
         elif isinstance(verdict, Restart):
             self.sink.write_raw(2, (verdict.line + "\n").encode())
-            self._group_of[rank].restart(rank, verdict.count)
+            self._group_of[rank].restart(rank, verdict.restart_count)
         else:  # Fail
             how = f"{ended.how} {verdict.note}" if verdict.note else ended.how
             self._record(exit_code_of(returncode), f"{self._where(rank)} {how}", rank, info.at if info else None,

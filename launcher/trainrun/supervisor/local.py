@@ -120,7 +120,7 @@ class LocalRanks:
         # (sel, watchdog) once started: restart() starts a rank again with them
         self._started: tuple[selectors.BaseSelector, Watchdog] | None = None
         self._retired: list[_Rank] = []  # ranks that were restarted: their old pipes are closed at close()
-        self._stacks_dirs: dict[str, str | None] = {}  # host -> the job's stack-file directory there (diag/stacks.py)
+        self._stacks_dirs: dict[str, str | None] = {}  # host -> the job's stack-file directory there (diag/stack_dir.py)
 
     @property
     def _report_to(self) -> RankEvents:
@@ -194,7 +194,7 @@ class LocalRanks:
         pass_fds += (diag_w,)
         env["TRAINRUN_DIAG_FD"] = f"{diag_w}:{os.fstat(diag_w).st_ino}"
         if (stacks := self._stacks_dir(spec)) is not None:
-            from trainrun.diag.stacks import STACKS_DIR_ENV
+            from trainrun.diag.stack_dir import STACKS_DIR_ENV
 
             env[STACKS_DIR_ENV] = stacks
         ctl_sock = None
@@ -235,12 +235,12 @@ class LocalRanks:
 
     def _stacks_dir(self, spec: ProcessSpec) -> str | None:
         """The job's stack-file directory on the rank's host, made with its first rank (close() removes it,
-        the Watchdog if this process dies, a lost host's reaper otherwise: diag/stacks.py); None without a job id."""
+        the Watchdog if this process dies, a lost host's reaper otherwise: diag/stack_dir.py); None without a job id."""
         host = spec.env.get("TRAINRUN_HOSTNAME", spec.host)
         if self._job_id is None:
             return None
         if host not in self._stacks_dirs:
-            from trainrun.diag.stacks import make_stacks_dir
+            from trainrun.diag.stack_dir import make_stacks_dir
 
             self._stacks_dirs[host] = make_stacks_dir(self._job_id, host)
         return self._stacks_dirs[host]
@@ -443,7 +443,7 @@ class LocalRanks:
         # and the stack files of ranks killed before they announced them: every rank is reaped now (the
         # directories exist only for a job with an id)
         if self._stacks_dirs and self._job_id is not None:
-            from trainrun.diag.stacks import remove_stacks_dir
+            from trainrun.diag.stack_dir import remove_stacks_dir
 
             for host in self._stacks_dirs:
                 remove_stacks_dir(self._job_id, host)

@@ -16,13 +16,12 @@ terminal (a pipe, a file: the user's own redirect), and in --output-dir's files,
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO, NamedTuple, TYPE_CHECKING
 
 import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 
 from trainrun.errors import UsageError
 
@@ -233,8 +232,7 @@ class OutputSink:
         self._files.clear()
 
 
-@dataclass(frozen=True)
-class OutputOptions:
+class OutputOptions(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """What the user asked of a job's output, resolved once (launchspec.resolve): --prefix, --output-dir,
     --fold, --ranks (`show_ranks`, None: every rank), and the live views --monitor and --json (for a running
     job: JSON events; for --dry-run and --check: the printout as JSON)."""

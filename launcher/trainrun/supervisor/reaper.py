@@ -21,7 +21,7 @@ watchdog, the launcher's fresh-connection sweep).
 connection on a host whose agent went silent: kill the agent's whole tree (the agent included, if it is
 still the process that started at START) and every process with the job's mark, then remove what the
 agent would have removed after them and cannot any more (it is killed with its tree, its watchdog too): the
-job's MPICH segments in /dev/shm (mpiworld/shm.py) and its stack-file directory for HOST (diag/stacks.py),
+job's MPICH segments in /dev/shm (mpiworld/shm.py) and its stack-file directory for HOST (diag/stack_dir.py),
 both named after the job id; exit 0 when no process is left, 1 otherwise (the survivors on stdout).
 """
 from __future__ import annotations
@@ -220,7 +220,7 @@ def sweep_host(job_id: str, host: str, agent: str | None) -> list[int]:
 def remove_files(job_id: str, host: str) -> None:
     """Remove what job `job_id`'s killed ranks on `host` leave there: its MPICH segments in /dev/shm (the
     host's; several simulated hosts each have their own) and its stack-file directory. Never raises."""
-    from trainrun.diag.stacks import remove_stacks_dir
+    from trainrun.diag.stack_dir import remove_stacks_dir
     from trainrun.mpiworld.shm import kvsname_for, remove_shm_segments
 
     try:

@@ -4,7 +4,8 @@ the parameter-server restart limit. Every mode reads them from here (a static Jo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
+
 
 AGENT_START_SLACK = 30.0
 """Seconds beyond --ssh-timeout that a host's first answer may take (an agent's HELLO, `--check`'s facts, a
@@ -12,8 +13,7 @@ link benchmark's start): the connection is made within --ssh-timeout, then an in
 trainrun there, which on a busy host or a cold file system takes seconds. The one copy of this number."""
 
 
-@dataclass(frozen=True)
-class Supervision:
+class Supervision(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """`grace`: SIGTERM -> SIGKILL (--grace). `start_timeout`: the MPI world must form within it (--start-timeout).
     `hang_timeout`: no output and no runtime progress for that long ends the job with 124 (None: never).
     `heartbeat_timeout`: a silent peer (agent or launcher) is lost after it. `ssh_timeout`: a connection to a

@@ -10,7 +10,7 @@ and look like anyone's. So the guardian looks at the owner's adopted children ev
 remembers them (pid and start time). If the owner dies, the pipe reaches EOF and the guardian stops and
 SIGKILLs every group it was told about, the trees below them and below the adopted children it saw (the
 ranks' whole trees), then every process carrying the mark, then unlinks the marked job's MPICH segments
-(mpiworld/shm.py), removes its stack-file directories (diag/stacks.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
+(mpiworld/shm.py), removes its stack-file directories (diag/stack_dir.py) and the files it was told of (`unlink_on_death`: committed-state segments). `close()` tells it the job ended cleanly.
 `add_group(pgid)`: a group it kills without following the owner's adopted children (an elastic launcher's
 spares, registered with its job-long guardian; following them would take in the attempts' own guardians).
 
@@ -155,8 +155,8 @@ def _guard(r: int) -> None:
                 pass
         for job_id, *hosts in marks:
             reaper.sweep(job_id, hosts)
-        if marks:  # the job's MPICH segments and stack files: its killed ranks leave them (mpiworld/shm.py, diag/stacks.py)
-            from trainrun.diag.stacks import remove_stacks_dir
+        if marks:  # the job's MPICH segments and stack files: its killed ranks leave them (mpiworld/shm.py, diag/stack_dir.py)
+            from trainrun.diag.stack_dir import remove_stacks_dir
             from trainrun.mpiworld.shm import kvsname_for, remove_shm_segments
 
             for job_id, *hosts in marks:
