@@ -114,13 +114,17 @@ def test_a_stopped_agent_is_killed_with_its_ranks_over_a_fresh_connection(cluste
     finally:
         proc.kill()
         proc.communicate()
-        if agent is not None:
-            for pid in (agent, *watchdog):
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except OSError:
-                    pass
+        resume(agent, watchdog)
         kill_all(token)
+
+
+def resume(agent: int | None, watchdog) -> None:
+    """SIGCONT a stopped agent and its watchdog, so that the test's own cleanup can end them."""
+    for pid in (() if agent is None else (agent, *watchdog)):
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
 
 
 def test_a_host_cut_off_is_named_and_its_ranks_end_within_the_bound(cluster, tmp_path):
@@ -212,12 +216,7 @@ def test_a_lost_host_keeps_no_process_shm_segment_or_stack_file(cluster, tmp_pat
     finally:
         proc.kill()
         proc.communicate()
-        if agent is not None:
-            for pid in (agent, *watchdog):
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except OSError:
-                    pass
+        resume(agent, watchdog)
         kill_all(token)
 
 
