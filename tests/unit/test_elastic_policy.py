@@ -2,7 +2,7 @@
 import math
 
 from trainrun.plan.hosts import HostSpec
-from trainrun.elasticjob.policy import ElasticSettings, HostBook, RankEnd, backoff, cooldown_for, deterministic, pick_hosts
+from trainrun.elasticjob.policy import CooldownBook, ElasticSettings, RankEnd, backoff, cooldown_for, deterministic, pick_hosts
 
 H = [HostSpec("h1", 2), HostSpec("h2", 2), HostSpec("h3", 2)]
 ELASTIC = ElasticSettings(max_restarts=None, min_np=4, max_np=6, cooldown=(2.0, 10.0))
@@ -14,17 +14,17 @@ def test_cooldowns_double_up_to_the_max_and_forever_without_a_range():
 
 
 def test_a_failed_host_sits_out_then_comes_back():
-    book = HostBook((2.0, 10.0))
+    book = CooldownBook((2.0, 10.0))
     assert book.fail("h3", now=100.0) == 2.0
     assert not book.available("h3", 101.9) and book.available("h3", 102.0)
     assert book.fail("h3", now=200.0) == 4.0  # the second failure sits out longer
-    forever = HostBook(None)
+    forever = CooldownBook(None)
     forever.fail("h1", 0.0)
     assert not forever.available("h1", 1e9)
 
 
 def test_pick_shrinks_onto_the_hosts_left_and_grows_back():
-    book = HostBook((2.0, 10.0))
+    book = CooldownBook((2.0, 10.0))
     assert [h.name for h in pick_hosts(H, book, 0.0, ELASTIC, 6).hosts] == ["h1", "h2", "h3"]
     book.fail("h2", 0.0)
     pick = pick_hosts(H, book, 1.0, ELASTIC, 6)
@@ -33,7 +33,7 @@ def test_pick_shrinks_onto_the_hosts_left_and_grows_back():
 
 
 def test_pick_below_min_np_says_why():
-    book = HostBook(None)
+    book = CooldownBook(None)
     book.fail("h1", 0.0)
     book.fail("h2", 0.0)
     pick = pick_hosts(H, book, 1.0, ELASTIC, 6)
@@ -41,12 +41,12 @@ def test_pick_below_min_np_says_why():
 
 
 def test_pick_caps_at_max_np_and_leaves_extra_hosts_out():
-    pick = pick_hosts(H, HostBook(), 0.0, ElasticSettings(None, 1, 3), 3)
+    pick = pick_hosts(H, CooldownBook(), 0.0, ElasticSettings(None, 1, 3), 3)
     assert pick.np == 3 and [h.name for h in pick.hosts] == ["h1", "h2"]
 
 
 def test_without_elastic_sizing_every_host_and_the_same_np():
-    book = HostBook()
+    book = CooldownBook()
     book.fail("h1", 0.0)
     pick = pick_hosts(H, book, 1.0, ElasticSettings(max_restarts=2), 5)
     assert [h.name for h in pick.hosts] == ["h1", "h2", "h3"] and pick.np == 5

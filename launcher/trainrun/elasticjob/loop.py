@@ -27,7 +27,7 @@ from trainrun.errors import HostsError
 from trainrun.plan.placement import ranks_per_host
 from trainrun.plan.planner import JobShape
 from trainrun.elasticjob.discovery import LiveHosts
-from trainrun.elasticjob.policy import ElasticSettings, FailureRecord, HostBook, Pick, backoff, deterministic, pick_hosts
+from trainrun.elasticjob.policy import AttemptHosts, CooldownBook, ElasticSettings, FailureRecord, backoff, deterministic, pick_hosts
 
 if TYPE_CHECKING:
     from trainrun.plan.facts import HostFacts
@@ -60,7 +60,7 @@ class ElasticLoop:
         from trainrun.elasticjob.control import ControlServer, SegmentStore
 
         self.spec, self.settings, self.source, self.origin = spec, settings, source, spec.hosts
-        self.book = HostBook(settings.cooldown)
+        self.book = CooldownBook(settings.cooldown)
         num_proc = spec.plan.num_proc
         if settings.sizing:  # the cap: --max-np, else -np, else every slot there is
             self.np = settings.max_np or num_proc or 1 << 30
@@ -75,7 +75,7 @@ class ElasticLoop:
         self.pool: AgentPool | None = None
         self.nics: tuple[str, ...] | None = None
         self.local_facts: HostFacts | None = None
-        self.current: Pick | None = None
+        self.current: AttemptHosts | None = None
 
     # the loop
     def run(self) -> int:
@@ -131,7 +131,7 @@ class ElasticLoop:
             if over is not None:
                 return over
 
-    def _agents_for(self, pick: Pick) -> bool | int:
+    def _agents_for(self, pick: AttemptHosts) -> bool | int:
         """Agents on every remote host of `pick`. True: ready; False: pick again (with elastic sizing a host
         that cannot be reached sits out; without, it fails the attempt); an int: the job is over, its code."""
         remote = [h for h in pick.hosts if not h.is_local]
@@ -163,7 +163,7 @@ class ElasticLoop:
             self._sleep(self._restart(record, None))
         return False
 
-    def _attempt(self, pick: Pick) -> int | None:
+    def _attempt(self, pick: AttemptHosts) -> int | None:
         """Run one attempt on `pick`; returns the exit code when the job is over, None to go on."""
         from trainrun.supervisor.assemble import assemble_job
         from trainrun.elasticjob.attempt import AttemptPolicy
@@ -184,7 +184,7 @@ class ElasticLoop:
                            host_updates=self.settings.sizing, spares=self.spares, policy=exits)
         plan = job.plan
         self.control.store.job_id = plan.job.job_id  # names a segment made in this attempt
-        self.current = Pick(tuple(shape.used), len(plan.procs))
+        self.current = AttemptHosts(tuple(shape.used), len(plan.procs))
         exits.watch_hosts(self._hosts_changed, lambda u: self._notify(u, list(agents.values())))
         result = job.run()
         self.current = None

@@ -2,7 +2,7 @@
 
     ElasticSettings    the elastic options of a launch (--max-restarts, --min-np, --max-np, discovery, cool-down,
                        --max-backoff)
-    HostBook           which hosts failed and until when they sit out (growing cool-downs)
+    CooldownBook       which hosts failed and until when they sit out (growing cool-downs)
     pick_hosts         the hosts and rank count of the next attempt, or why there are not enough
     deterministic      did every rank fail the same way at start-up (then a restart cannot help)
     backoff            seconds to wait before restart number n
@@ -91,7 +91,7 @@ def cooldown_for(failures: int, cooldown: tuple[float, float] | None) -> float:
 
 
 @dataclass
-class HostBook:
+class CooldownBook:
     """Failed hosts and the time (on the caller's clock) until which each sits out."""
 
     cooldown: tuple[float, float] | None = None
@@ -110,7 +110,7 @@ class HostBook:
 
 
 @dataclass(frozen=True)
-class Pick:
+class AttemptHosts:
     """The next attempt's hosts (in the given order) and rank count; `hosts` empty: not enough slots."""
 
     hosts: tuple[HostSpec, ...]
@@ -118,25 +118,25 @@ class Pick:
     why: str = ""
 
 
-def pick_hosts(candidates: list[HostSpec], book: HostBook, now: float, settings: ElasticSettings, np: int) -> Pick:
+def pick_hosts(candidates: list[HostSpec], book: CooldownBook, now: float, settings: ElasticSettings, np: int) -> AttemptHosts:
     """The hosts an attempt runs on. Without elastic sizing: all candidates, `np` ranks (as the first
     attempt). With it (`np` is then the cap: --max-np, else -np): the candidates not sitting out,
-    min(np, their slots) ranks filled in order (hosts left without a rank are not used), or an empty Pick
+    min(np, their slots) ranks filled in order (hosts left without a rank are not used), or an empty AttemptHosts
     when that is below min-np."""
     if not settings.sizing:
-        return Pick(tuple(candidates), np)
+        return AttemptHosts(tuple(candidates), np)
     usable = [h for h in candidates if book.available(h.name, now)]
     slots = sum(h.slots for h in usable)
     want = min(np, slots)
     if want < (settings.min_np or 1):
-        return Pick((), 0, f"{slots} slot(s) available on {len(usable)} host(s), --min-np is {settings.min_np or 1}")
+        return AttemptHosts((), 0, f"{slots} slot(s) available on {len(usable)} host(s), --min-np is {settings.min_np or 1}")
     hosts, filled = [], 0
     for h in usable:
         if filled >= want:
             break
         hosts.append(h)
         filled += h.slots
-    return Pick(tuple(hosts), want)
+    return AttemptHosts(tuple(hosts), want)
 
 
 def backoff(failures: int, host_sits_out: bool = False, cap: float = DEFAULT_MAX_BACKOFF) -> float:
