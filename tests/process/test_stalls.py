@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from launch_helpers import all_pids, assert_all_gone, base_env, wait_for_pidfiles, worker
@@ -141,8 +142,13 @@ def test_under_a_bare_mpiexec_a_stall_error_aborts_the_mpi_job(tmp_path):
     """No trainrun launcher to end it: the rank that dies of its StallError calls MPI_Abort at exit (not
     MPI_Finalize, which would wait for the spinning rank for ever), and mpiexec ends every rank."""
     mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    proc = subprocess.run([mpiexec, "-n", "2", sys.executable, JOB, str(tmp_path), "absent", "spin", "1"],
-                          env=base_env(**STALL), capture_output=True, text=True, timeout=120)
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
+    try:
+        proc = subprocess.run([mpiexec, "-n", "2", sys.executable, JOB, str(tmp_path), "absent", "spin", "1"],
+                              env=base_env(**STALL), capture_output=True, text=True, timeout=120)
+    finally:  # an aborted MPICH job leaves its shared-memory segment, and mpiexec does not remove it
+        for segment in set(Path("/dev/shm").glob("mpich_shm_*")) - before:
+            segment.unlink(missing_ok=True)
     assert proc.returncode != 0, proc.stderr
     assert "StallError: Stalled for more than 3 s: rank 1 did not submit 'x'" in proc.stderr, proc.stderr
     assert "MPI_Abort(MPI_COMM_WORLD, 1)" in proc.stderr, proc.stderr
