@@ -14,6 +14,7 @@ from trainrun.supervisor.job import Job
 from trainrun.supervisor.jobstate import JobState
 from trainrun.supervisor.ps_policy import PsPolicy
 from trainrun.elasticjob.policy import STARTUP_WINDOW, deterministic
+from job_fakes import FakeSink
 
 
 def ended(rank=0, rc=1, at=100.0, **kw):
@@ -90,21 +91,6 @@ def test_the_attempt_records_how_every_rank_ended_for_the_loop():
 
 
 # the Job carrying verdicts out
-class _Sink:
-    broken = False
-
-    def __init__(self):
-        self.raw: list[bytes] = []
-
-    def feed(self, rank, stream, data): ...
-    def stderr_tail(self, rank): return [f"rank {rank}'s last line\n"]
-    def tick(self): ...
-    def close(self): ...
-
-    def write_raw(self, stream, data):
-        self.raw.append(data)
-
-
 class _Group:
     """Ranks that run until told to end (`end`), or until SIGTERM/SIGKILL; records what the Job asks."""
 
@@ -150,7 +136,7 @@ def _job(n, policy=None, tasks=None):
     specs = [SimpleNamespace(rank=r, host=f"h{r}", assignment=SimpleNamespace(host=f"h{r}", local_rank=0)) for r in range(n)]
     plan = SimpleNamespace(procs=specs, job=SimpleNamespace(tf_tasks=tasks))
     group = _Group(specs)
-    sink = _Sink()
+    sink = FakeSink(tail=True)
     return Job(plan, sink, [group], grace=5.0, policy=policy), group, sink
 
 

@@ -11,6 +11,7 @@ from trainrun.supervisor.job import Job
 from trainrun.supervisor.jobstate import JobEvent as E
 from trainrun.supervisor.jobstate import JobState as S
 from trainrun.supervisor.jobstate import advance
+from job_fakes import FakeSink
 
 
 @pytest.mark.parametrize("state, event, after", [
@@ -50,21 +51,6 @@ def test_stop_asked_and_signalled():
     assert [s for s in S if s.signalled] == [S.STOPPING, S.KILLING, S.DONE]
 
 
-class _Sink:
-    broken = False
-
-    def __init__(self):
-        self.raw: list[bytes] = []
-
-    def feed(self, rank, stream, data): ...
-    def stderr_tail(self, rank): return []
-    def tick(self): ...
-    def close(self): ...
-
-    def write_raw(self, stream, data):
-        self.raw.append(data)
-
-
 class _Group:
     """One rank that runs until SIGKILLed; records what the Job asks of it."""
 
@@ -100,7 +86,7 @@ def _job():
     spec = SimpleNamespace(rank=0, host="localhost", assignment=SimpleNamespace(host="localhost", local_rank=0))
     plan = SimpleNamespace(procs=[spec], job=SimpleNamespace(tf_tasks=None))
     group = _Group(spec)
-    return Job(plan, _Sink(), [group], grace=0.0), group
+    return Job(plan, FakeSink(), [group], grace=0.0), group
 
 
 def test_a_stop_during_a_stack_dump_waits_for_the_stacks_then_terms_then_kills():
