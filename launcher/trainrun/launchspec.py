@@ -1,5 +1,5 @@
 """The config boundary: the user's LaunchConfig, turned once into the narrow, typed, resolved specs that the
-layers below the launch step take. Nothing below this step sees a LaunchConfig or calls back into cli/.
+layers below the launch step take. Nothing below this step sees a LaunchConfig or calls back into config.py (its module).
 
     resolve(cfg, environ) -> LaunchSpec
         plan         plan/planner.PlanOptions       what planning reads; -x resolved against the environment here
