@@ -393,12 +393,22 @@ class Job:
         first, later = settle(failures, self._stopped_at, trigger)
         if first is None:
             return
-        named = named_rank(first)
-        if named is not None and named[0] in self._specs and all(f.rank != named[0] for f in failures):
+        named, via = named_rank(first), first
+        unfailed = lambda r: r in self._specs and all(f.rank != r for f in failures)  # noqa: E731
+        seen = {first.rank}
+        while named is not None and unfailed(named[0]) and named[0] not in seen:
+            # the named rank's own error may name another (rank 2 <- rank 0's abort <- rank 1 left): the root
+            hop = Failure(0, "", named[0], tuple(self.sink.stderr_tail(named[0])))
+            further = named_rank(hop)
+            if further is None or further[0] in seen or not unfailed(further[0]):
+                break
+            seen.add(named[0])
+            named, via = further, hop
+        if named is not None and unfailed(named[0]):
             # the rank the others' errors name was still exiting when trainrun stopped the job: not a
             # failure of its own record, but the cause; its stderr shows what it raised
             rank, reason = named
-            left = left_while(first)
+            left = left_while(via)
             what = f"{self._where(rank)} {self._ended(rank)} {left[1]}" if left else f"{self._where(rank)} stopped: {reason}"
             cause = Failure(first.exit_code, what, rank, tuple(self.sink.stderr_tail(rank)), first.at)
             first, later = cause, [first, *later]
