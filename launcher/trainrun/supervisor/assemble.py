@@ -2,7 +2,7 @@
 
 This is the one place a job is put together: plan every rank with the hosts' facts, give each agent its
 host's share, gather this machine's ranks in a LocalRanks, and put every group under one Job. A static launch
-(launch.run_job) runs one attempt; the elastic loop (restarts.py) runs one per attempt, numbered. What the
+(launch.run_job) runs one attempt; the elastic loop (elasticjob/loop.py) runs one per attempt, numbered. What the
 callers keep is what differs between them: how the hosts are reached (agents opened for this job, or kept in
 a pool between attempts), how the NICs are chosen (once, or cached across attempts), and what follows the
 Job's end (a summary and an exit code, or the restart policy).
@@ -47,7 +47,7 @@ def assemble_job(opts: PlanOptions, sup: Supervision, out: OutputOptions, shape:
 
     `attempt`: None for a static job, else the elastic attempt number: the ranks get TRAINRUN_RESTART_COUNT
     and TRAINRUN_ELASTIC. `policy`: how the Job judges its ranks' exits (exit_policy.py): the elastic loop's
-    AttemptPolicy for its attempt (attempt.py); None: a static job's, or with --tf-cluster the
+    AttemptPolicy for its attempt (elasticjob/attempt.py); None: a static job's, or with --tf-cluster the
     parameter-server policy (ps_policy.py). `control`: an elastic job's control channels for this machine's ranks.
     `host_updates`: whether the launcher may tell this attempt's ranks that the hosts changed (elastic
     sizing); they get TRAINRUN_HOST_UPDATES=0 when not, and their commit() then skips the host-update check

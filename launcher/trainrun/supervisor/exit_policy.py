@@ -15,7 +15,7 @@ ExitVerdict, which it then carries out:
 Policies (one per kind of job, chosen where the Job is assembled: supervisor/assemble.py):
 
     StaticPolicy     a static job: any rank that fails fails the job (this module)
-    AttemptPolicy    one attempt of an elastic job (attempt.py): reset exits after a host-change notice,
+    AttemptPolicy    one attempt of an elastic job (elasticjob/attempt.py): reset exits after a host-change notice,
                      start-up failures settle, how each rank ended and which host failed
     PsPolicy         a parameter-server job (ps_policy.py): the chief decides, workers restart in place
 

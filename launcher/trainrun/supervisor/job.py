@@ -8,7 +8,7 @@ loop ends, every group is SIGKILLed whatever happened (grandchildren of ranks in
 that left their groups), and a watchdog does the same if the launcher is killed.
 
 Exits: which end of a rank is a failure, which ends the job, which starts the rank again is the verdict of the
-Job's ExitPolicy (exit_policy.py: StaticPolicy by default; an elastic attempt's, attempt.py; a parameter-server
+Job's ExitPolicy (exit_policy.py: StaticPolicy by default; an elastic attempt's, elasticjob/attempt.py; a parameter-server
 job's, ps_policy.py); the Job carries it out. The policy never changes the Job: its state changes in `_on` only.
 
 Stacks: SIGUSR1 to the launcher, a rank's StallError or stuck report, or `hang_timeout` seconds without
