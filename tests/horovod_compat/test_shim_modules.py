@@ -39,6 +39,11 @@ for name in ("init", "allreduce", "allreduce_async_", "grouped_allreduce", "broa
     assert getattr(hvd, name) is getattr(trainrun.torch, name), name
 assert hvd.elastic is horovod.torch.elastic and TorchState is trainrun.torch.elastic.TorchState
 assert run is trainrun.torch.elastic.run and hvd.elastic.run is run
+from horovod.torch.elastic.sampler import ElasticSampler
+from horovod.torch.elastic.state import TorchState as StateTorchState
+import trainrun.torch.sampler
+assert ElasticSampler is trainrun.torch.sampler.ElasticSampler is hvd.elastic.ElasticSampler
+assert StateTorchState is TorchState
 assert mpi_ops.allreduce is trainrun.torch.allreduce and allreduce is trainrun.torch.allreduce  # noqa: F405
 assert hvd.sycl_built() is False and hvd.ddl_built() is False and hvd.ccl_built() is False and hvd.mpi_built()
 print("TORCH OK")
