@@ -4,7 +4,7 @@ import pytest
 from tests.runtime.launch import check, run_cases
 
 CASES = ["fit_matches_single_process", "backward_passes_per_step_2", "fp16_compression", "learning_rate_warmup",
-         "ops_on_keras_values", "optimizer_errors"]
+         "ops_on_keras_values", "optimizer_errors", "partial_distributed_optimizer_keeps_local_layers_local"]
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ if keras.backend.backend() not in ("torch", "tensorflow"):
 from trainrun.keras import callbacks  # noqa: E402
 from trainrun.keras.ops import (Compression, allgather, allreduce, broadcast, broadcast_variables,  # noqa: E402
                                 reducescatter)
-from trainrun.keras.optimizer import DistributedOptimizer, load_model  # noqa: E402
+from trainrun.keras.optimizer import DistributedOptimizer, PartialDistributedOptimizer, load_model  # noqa: E402
 from trainrun.runtime import allgather_object, barrier, broadcast_object, join  # noqa: E402
 from trainrun.runtime.exceptions import HorovodInternalError, StallError, TensorMismatchError  # noqa: E402
 from trainrun.runtime.ops import Average, Max, Min, Product, Sum  # noqa: E402

@@ -21,9 +21,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                                               backward_passes_per_step, average_aggregated_gradients, process_set)
 
 
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average, groups=None,
+                                process_set=None, local_layers=None, scale_local_gradients=True):
+    """DistributedOptimizer whose gradients of `local_layers`' trainable weights (a keras.layers.Layer or a list
+    of them) are not reduced: each rank keeps its own, divided by the size with `scale_local_gradients`
+    (Horovod's). `register_local_var(v)` on the result keeps another variable's gradient local too."""
+    return _impl.create_distributed_optimizer(keras, binding, optimizer, name, compression or binding.Compression.none,
+                                              sparse_as_dense, gradient_predivide_factor, op, 1, False, process_set,
+                                              local_layers, scale_local_gradients)
+
+
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
     """keras.models.load_model, with the saved optimizer (and its state) restored as a distributed one."""
     return _impl.load_model(keras, binding, filepath, custom_optimizers, custom_objects, compression)
 
 
-__all__ = ["DistributedOptimizer", "load_model"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "load_model"]

@@ -139,7 +139,8 @@ class _DistributedGradientTape:
         self._trainrun_local.add(id(source))  # (Keras 3 variables have no .ref(); a registered source lives on)
 
     @tf.autograph.experimental.do_not_convert  # plain Python over the sources (autograph breaks super())
-    def gradient(self, target, sources, output_gradients=None, **kwargs):
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
+        # (use_generic_names: Horovod's choice of op names; the names here are the variables' either way)
         grads = super(_DistributedGradientTape, self).gradient(target, sources, output_gradients, **kwargs)
         flat_sources = tf.nest.flatten(sources)
         flat_grads = tf.nest.flatten(grads)
@@ -159,6 +160,16 @@ class _DistributedGradientTape:
                     out[i] = tf.IndexedSlices(g.values / n, g.indices, g.dense_shape) \
                         if isinstance(g, tf.IndexedSlices) else g / n
         return tf.nest.pack_sequence_as(grads, out)
+
+    @tf.autograph.experimental.do_not_convert
+    def get_local_and_global_gradients(self, target, sources, output_gradients=None, use_generic_names=False):
+        """gradient(), split as Horovod's: ([(source, gradient) of the registered local sources],
+        [(source, gradient) of the others, reduced over the ranks]), each in the sources' order."""
+        grads = self.gradient(target, sources, output_gradients)
+        local, shared = [], []
+        for s, g in zip(tf.nest.flatten(sources), tf.nest.flatten(grads)):
+            (local if id(s) in self._trainrun_local else shared).append((s, g))
+        return local, shared
 
 
 _TAPE_CLASSES: dict = {}

@@ -156,5 +156,31 @@ def optimizer_errors():
         raise AssertionError("a string optimizer did not raise ValueError")
 
 
+@case
+def partial_distributed_optimizer_keeps_local_layers_local():
+    """horovod.keras.PartialDistributedOptimizer(local_layers=[...]) in fit: the shared layer's gradient is
+    averaged over the ranks, the local layer's is this rank's own over the size (scale_local_gradients);
+    with scale_local_gradients=False it is this rank's own; a non-layer is refused."""
+    r, n = hvd.rank(), hvd.size()
+    grads = [2.0 * (k + 1) ** 2 for k in range(n)]  # d/dk of (x k1 k2)^2 at k1 = k2 = 1, x = rank + 1
+    for scale, local_step in ((True, grads[r] / n), (False, grads[r])):
+        shared = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        local = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+        model = keras.Sequential([keras.Input((1,)), shared, local])
+        opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.01), local_layers=local,
+                                              scale_local_gradients=scale)
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(np.full((1, 1), r + 1.0, np.float32), np.zeros((1, 1), np.float32), batch_size=1, epochs=1,
+                  verbose=0)
+        np.testing.assert_allclose(shared.kernel.numpy(), [[1 - 0.01 * sum(grads) / n]], rtol=1e-5)
+        np.testing.assert_allclose(local.kernel.numpy(), [[1 - 0.01 * local_step]], rtol=1e-5)
+    try:
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["not a layer"])
+    except ValueError as e:
+        assert "keras.layers.Layer" in str(e), e
+    else:
+        raise AssertionError("a local layer that is no Layer did not raise ValueError")
+
+
 if __name__ == "__main__":
     main(hvd)

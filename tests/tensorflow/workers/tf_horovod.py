@@ -143,7 +143,8 @@ HOROVOD_KERAS = """
     init shutdown is_initialized start_timeline stop_timeline size local_size cross_size rank local_rank cross_rank
     mpi_threads_supported mpi_enabled mpi_built gloo_enabled gloo_built nccl_built ddl_built ccl_built cuda_built
     rocm_built ProcessSet global_process_set add_process_set remove_process_set Average Sum Compression callbacks
-    elastic DistributedOptimizer broadcast_global_variables allreduce allgather broadcast reducescatter load_model
+    elastic DistributedOptimizer PartialDistributedOptimizer broadcast_global_variables allreduce allgather broadcast
+    reducescatter load_model
 """
 HOROVOD_CALLBACKS = """
     BroadcastGlobalVariablesCallback MetricAverageCallback LearningRateScheduleCallback LearningRateWarmupCallback
@@ -201,12 +202,37 @@ def partial_distributed_gradient_tape_keeps_local_layers_local():
     shared, local = tf.keras.layers.Dense(1, use_bias=False), tf.keras.layers.Dense(1, use_bias=False)
     x = tf.constant([[float(r + 1)]])
     shared(x), local(x)
-    with tf.GradientTape() as tape:
+    with tf.GradientTape(persistent=True) as tape:
         y = shared(x) + local(x)
     tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local])
     gs, gl = tape.gradient(y, [shared.kernel, local.kernel])
     close(gs, [[sum(k + 1 for k in range(n)) / n]])
     close(gl, [[(r + 1) / n]])
+    # get_local_and_global_gradients: the same gradients, split into (source, gradient) pairs by kind
+    local_pairs, global_pairs = tape.get_local_and_global_gradients(y, [local.kernel, shared.kernel])
+    assert [v is local.kernel for v, _ in local_pairs] == [True], local_pairs
+    assert [v is shared.kernel for v, _ in global_pairs] == [True], global_pairs
+    close(local_pairs[0][1], [[(r + 1) / n]])
+    close(global_pairs[0][1], [[sum(k + 1 for k in range(n)) / n]])
+    # a source registered on a plain DistributedGradientTape (Horovod's model-parallel test), in a tf.function
+    bias = tf.Variable([float(r + 1)])
+
+    traced = []
+
+    @tf.function
+    def split():
+        with tf.GradientTape() as t:
+            z = shared(x) + bias * 3.0
+        t = hvd.DistributedGradientTape(t)
+        t.register_local_source(bias)
+        loc, glob = t.get_local_and_global_gradients(z, [shared.kernel, bias], use_generic_names=True)
+        traced.append(([v is bias for v, _ in loc], [v is shared.kernel for v, _ in glob]))
+        return [g for _, g in loc], [g for _, g in glob]
+
+    loc, glob = split()
+    assert traced == [([True], [True])], traced
+    close(loc[0], [3.0 / n])  # this rank's own, over the size (scale_local_gradients)
+    close(glob[0], [[sum(k + 1 for k in range(n)) / n]])
 
 
 @case
