@@ -84,6 +84,16 @@ assert hk.elastic.KerasState is trainrun.tensorflow.keras.elastic.KerasState
 assert hvd.elastic.TensorFlowKerasState is trainrun.tensorflow.elastic.TensorFlowKerasState
 assert kk.DistributedOptimizer is trainrun.keras.DistributedOptimizer and kk.callbacks.MetricAverageCallback
 assert hk.sycl_built() is False and hk.mpi_built() and hvd.ccl_built() is False
+assert kk.PartialDistributedOptimizer is trainrun.keras.PartialDistributedOptimizer
+assert hk.PartialDistributedOptimizer is trainrun.tensorflow.keras.PartialDistributedOptimizer
+from horovod.tensorflow.util import _executing_eagerly, _cache, vars_to_refs, refs_to_vars
+import tensorflow as tf
+assert _executing_eagerly() is True and tf.function(lambda: tf.constant(_executing_eagerly()))().numpy() == False
+v = [tf.Variable(1.0), tf.Variable(2.0)]
+assert refs_to_vars(vars_to_refs(v))[1] is v[1]
+calls = []
+twice = _cache(lambda a: calls.append(a) or a * 2)
+assert twice(3) == 6 and twice(3) == 6 and calls == [3]
 print("TF OK")
 """
     assert "TF OK" in run_python(code, TF_CPP_MIN_LOG_LEVEL="2")
