@@ -23,7 +23,9 @@ probes = {n: getattr(util, n)() for n in ("mpi_built", "gloo_built", "nccl_built
                                           "mpi_enabled", "gloo_enabled", "cuda_built", "rocm_built", "sycl_built")}
 probes.update({f"ext_{n}": util.extension_available(n) for n in ("torch", "tensorflow", "mxnet")})
 print(json.dumps({"version": horovod.__version__, "probes": probes, "split": util.split_list(list(range(5)), 2),
-                  "pow2": [util.num_rank_is_power_2(n) for n in (1, 2, 3, 4)]}))
+                  "pow2": [util.num_rank_is_power_2(n) for n in (1, 2, 3, 4)],
+                  "ver": [util.is_version_greater_equal_than(v, t) for v, t in
+                          (("2.21.0", "2.6.0"), ("2.9.0rc1", "2.9.0"), ("1.15.5", "2.0.0"), ("2.10.0", "2.9.0"))]}))
 """
 
 CHECK_TORCH = r"""
@@ -65,6 +67,7 @@ def test_common_modules_and_build_probes():
             p["rocm_built"], p["sycl_built"]) == (True, True, False, False, False, False, False, False)
     assert p["ext_torch"] is True and p["ext_mxnet"] is False
     assert got["split"] == [[0, 1, 2], [3, 4]] and got["pow2"] == [True, True, False, True]
+    assert got["ver"] == [True, False, False, True]
 
 
 def test_torch_modules_are_trainruns():

@@ -120,6 +120,18 @@ def split_list(items, n: int) -> list:
     return [items[bounds[i]:bounds[i + 1]] for i in range(n)]
 
 
+def is_version_greater_equal_than(ver: str, target: str) -> bool:
+    """Whether version string `ver` is at least `target` ("major.minor.patch"), by PEP 440 (Horovod's helper,
+    which its tests and examples use for TensorFlow's version)."""
+    if not isinstance(ver, str) or not isinstance(target, str):
+        raise ValueError(f"This function only accepts string arguments. Received: {ver!r}, {target!r}")
+    if len(target.split(".")) != 3:
+        raise ValueError(f"We only accepts target version values in the form of: major.minor.patch. Received: {target}")
+    from packaging import version
+
+    return version.parse(ver) >= version.parse(target)
+
+
 def is_iterable(x) -> bool:
     try:
         iter(x)
