@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv and install trainrun (editable) with the embedded MPI (mpich wheel) and the pinned
 # CPU torch the examples use. Idempotent. Usage: bash scripts/setup.sh [--test]
-#   --test  also the test dependencies and the Debian packages the test clusters need (root): sshd for the
+#   --test  also the test and documentation dependencies and the Debian packages the test clusters need (root): sshd for the
 #           simulated hosts, slurm-wlm + munge for the Slurm cluster on them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ if [ "${1:-}" = "--test" ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi
   fi
-  .venv/bin/python -m pip install -q -e '.[test]' "$TORCH"
+  .venv/bin/python -m pip install -q -e '.[test,docs]' "$TORCH"   # docs: mkdocs for the guide's build (setup.cfg)
   # Keras 2 for the tf-keras tests, without its `tensorflow` requirement (a CUDA build over tensorflow-cpu's files)
   .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
 else
