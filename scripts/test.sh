@@ -18,5 +18,7 @@ fi
 if [ $# -eq 0 ]; then
   .venv/bin/ruff check .   # the project's linter (configured in pyproject.toml): the whole tree is clean
   .venv/bin/mypy           # the type checker ([tool.mypy] in pyproject.toml: which files, how strictly)
+  # the user's guide (mkdocs.yml): a broken page or link fails; the reference is generated from the code here
+  site=$(mktemp -d) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$site" && rm -rf "$site"
 fi
 .venv/bin/python -m pytest -ra "$@"
