@@ -1,4 +1,4 @@
-"""examples/elastic_torch.py, the README's elastic example, run elastic as a user would: a rank SIGKILLed
+"""examples/elastic_torch.py, the elastic guide's example (docs/guides/elastic.md), run elastic as a user would: a rank SIGKILLed
 mid-run, the job restarted from the state committed before the kill, exit 0, nothing left."""
 import os
 import re
@@ -99,15 +99,16 @@ def test_elastic_example_shrinks_when_a_host_dies(tmp_path, script):
     assert wait_gone(script) == [] and leftover_segments(run.stderr) == []
 
 
-def test_readme_snippet_is_an_excerpt_of_the_example():
-    """The README's elastic snippet is the example's code, lines in the same order (printing left out): no
-    undefined names such as the `step`, `batches`, `set_lr` of the snippet before the example existed."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Elastic training"):]
+def test_guide_snippet_is_an_excerpt_of_the_example():
+    """The elastic guide's snippet (docs/guides/elastic.md; it was the README's) is the example's code, lines in
+    the same order (printing left out): no undefined names such as the `step`, `batches`, `set_lr` of the snippet
+    before the example existed."""
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "elastic.md").read_text()
+    section = guide[guide.index("# Elastic training"):]
     snippet = section[section.index("```python\n") + 10:]
     snippet = [line.strip() for line in snippet[:snippet.index("```")].splitlines() if line.strip()]
     example = [line.strip() for line in EXAMPLE.read_text().splitlines()]
     at = 0
     for line in snippet:
-        assert line in example[at:], f"README snippet line not in the example (in order): {line!r}"
+        assert line in example[at:], f"guide snippet line not in the example (in order): {line!r}"
         at = example.index(line, at) + 1

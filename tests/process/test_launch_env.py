@@ -191,7 +191,7 @@ def test_bind_to_none_keeps_all_cpus(run_trainrun):
 
 
 def test_example_env_contract(run_trainrun):
-    """The README's first command."""
+    """The contract example of the guide's getting started (docs/getting-started.md; tests/docs runs the block too)."""
     repo = Path(__file__).resolve().parents[2]
     run = run_trainrun("-np", 2, "examples/env_contract.py", cwd=repo)
     assert run.rc == 0, run.stderr
