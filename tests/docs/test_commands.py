@@ -116,9 +116,9 @@ def sandbox(tmp_path_factory):
     """A folder like the repository's root (its examples, hostfiles, scripts and .venv linked in) where `train.py`
     is the stand-in program, with this checkout's trainrun first on PATH."""
     root = tmp_path_factory.mktemp("guide")
-    for name in ("examples", "hostfiles", "scripts", "launcher", "docs", ".venv"):
-        if (REPO / name).exists():
-            (root / name).symlink_to(REPO / name)
+    for name in ("examples", "hostfiles", "scripts", "launcher", "docs"):
+        (root / name).symlink_to(REPO / name)
+    (root / ".venv").symlink_to(sys.prefix)  # the environment running the tests (the checkout's .venv in CI)
     (root / "train.py").write_text(TRAIN_PY)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     return root, env
