@@ -2,7 +2,7 @@
 
 translate.py turns horovodrun's argv into trainrun's (pure; options.py is the parser, config_file.py
 reads --config-file, build.py answers --check-build); `main` prints the notes and runs trainrun's own
-command in this process -- one launcher, the same output, teardown and exit codes. README "horovodrun".
+command in this process -- one launcher, the same output, teardown and exit codes. docs/guides/horovod.md.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Every horovodrun 0.28.1 option ends in one of three ways:
   noted    accepted, with ONE line saying why it has no effect here (`notes`; printed before the launch;
            its variable is not set, so rank 0 does not say it again);
   refused  UsageError naming the trainrun way (exit 2).
-README "horovodrun" has the table; tests/unit/test_horovodrun_translate.py has a case per option.
+docs/guides/horovod.md has the table (docs/reference/horovodrun-cli.md: every option, generated); tests/unit/test_horovodrun_translate.py has a case per option.
 """
 from __future__ import annotations
 

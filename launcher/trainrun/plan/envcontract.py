@@ -177,5 +177,5 @@ FORWARD_PREFIXES = ("TRAINRUN_", "NCCL_", "UCX_", "FI_", "MPIR_CVAR_", "OMP_", "
 
 
 def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The part of the launcher's environment that remote ranks get (the README lists it)."""
+    """The part of the launcher's environment that remote ranks get (docs/reference/environment.md lists it)."""
     return {k: v for k, v in environ.items() if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
