@@ -76,7 +76,7 @@ ENV: dict[str, tuple[str, str]] = {
     "SLURM_NODEID": ("contract", "inside a Slurm allocation: = NODE_RANK"),
     "SLURM_NTASKS": ("contract", "inside a Slurm allocation: = WORLD_SIZE"),
     "SLURM_NPROCS": ("contract", "inside a Slurm allocation: = WORLD_SIZE"),
-    "PMI_FD": ("contract", "the rank's PMI-1 socket (MPI world on: `--mpi mpich`, the default); an outer launcher's PMI_* are not passed on"),
+    "PMI_FD": ("contract", "the rank's PMI-1 socket (MPI world on: `--mpi mpich`, the default); an outer launcher's `PMI_*` are not passed on"),
     "PMI_RANK": ("contract", "= RANK, for MPI_Init"),
     "PMI_SIZE": ("contract", "= WORLD_SIZE, for MPI_Init"),
     "OMP_NUM_THREADS": ("contract", "if unset: the host's usable cores / local ranks, at least 1"),
@@ -99,7 +99,7 @@ ENV: dict[str, tuple[str, str]] = {
                                             "through rank 0); rank 0's value holds for all. Horovod: HOROVOD_CACHE_CAPACITY"),
     "HOROVOD_CACHE_CAPACITY": ("settings", "as TRAINRUN_CACHE_CAPACITY"),
     "TRAINRUN_STALL_TIMEOUT": ("settings", "seconds after which ranks waiting for a rank that does not take part fail with "
-                                           "`StallError` naming it (default 60); wins over the three HOROVOD_STALL_* below"),
+                                           "`StallError` naming it (default 60); wins over the three `HOROVOD_STALL_*` below"),
     "HOROVOD_STALL_CHECK_TIME_SECONDS": ("settings", "the stall time (Horovod only warns then: here a stall is one error)"),
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("settings", "when > 0, the `StallError` comes at this time instead (the check "
                                                         "time is then noted as having no effect)"),
@@ -136,12 +136,13 @@ ENV: dict[str, tuple[str, str]] = {
     # between trainrun's own processes
     "TRAINRUN_DIAG_FD": ("internal", "the rank's diag pipe to the launcher (stack reports, progress, straggler summaries)"),
     "TRAINRUN_CTL_FD": ("internal", "an elastic rank's control socket (commits, host-update notices)"),
-    "TRAINRUN_STACKS_DIR": ("internal", "where a rank's faulthandler stack file goes (set with `--output-dir`)"),
+    "TRAINRUN_STACKS_DIR": ("internal", "the job's stack-file directory on the rank's host, for its faulthandler file (made "
+                                        "with the host's first rank, removed at the end)"),
     "TRAINRUN_WARM_PAD": ("internal", "room in a warm spare's environment for the next attempt's variables"),
     "TRAINRUN_RUN_SOCKET": ("internal", "trainrun.run: the caller's socket for return values"),
     "TRAINRUN_RUN_FILE": ("internal", "trainrun.run: a big call's file (jobs on this machine)"),
     "TRAINRUN_RUN_NONCE": ("internal", "trainrun.run: marks a remote rank's result lines"),
-    "TRAINRUN_RUN_PIECES": ("internal", "trainrun.run: how many TRAINRUN_RUN_PIECE_<i> variables hold the call"),
+    "TRAINRUN_RUN_PIECES": ("internal", "trainrun.run: how many `TRAINRUN_RUN_PIECE_<i>` variables hold the call"),
     "TRAINRUN_RUN_PIECE_": ("internal", "trainrun.run: the pickled call, base64, 100 kB each"),
     "TRAINRUN_TEST_COMMIT_HOOK": ("internal", "a test hook of the committed-state writer"),
 }
