@@ -413,24 +413,31 @@ def horovod_names(test_file: str, variables: tuple[str, ...]) -> list[str]:
 
 _CHECK = r"""
 import importlib, json, sys
+from trainrun.plan.horovod_shim import SHIM_DIR
+sys.path.insert(0, SHIM_DIR)  # as in a rank: trainrun's `horovod` alias first on the path
 first, lists = sys.argv[1], json.loads(sys.argv[2])
 out = []
-for module, attr, names in lists:
-    try:
-        if first:
-            importlib.import_module(first)
-        m = importlib.import_module(module)
-        m = getattr(m, attr) if attr else m
-    except Exception as err:  # TensorFlow or Keras not installed where the site is built
-        out.append({"error": (type(err).__name__ + ": " + str(err)).splitlines()[0]})
-        continue
-    missing = []
+
+
+def missing_in(module, attr, names):
+    m = importlib.import_module(module)
+    m = getattr(m, attr) if attr else m
+    gone = []
     for n in names:
         try:
             getattr(m, n)
         except Exception:
-            missing.append(n)
-    out.append({"missing": missing})
+            gone.append(n)
+    return gone
+
+
+for module, alias, attr, names in lists:
+    try:
+        if first:
+            importlib.import_module(first)
+        out.append({"missing": missing_in(module, attr, names), "alias_missing": missing_in(alias, attr, names)})
+    except Exception as err:  # TensorFlow or Keras not installed where the site is built
+        out.append({"error": (type(err).__name__ + ": " + str(err)).splitlines()[0]})
 print(json.dumps(out))
 """
 # The public-name tests' processes: torch's imports trainrun.torch alone; TensorFlow's worker imports tensorflow
@@ -454,14 +461,15 @@ def start_coverage() -> None:
         return
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
     for group, first in (("torch", ""), ("tensorflow", "tensorflow")):
-        lists = [(mod, attr, horovod_names(test_file, variables))
-                 for _, mod, test_file, variables, attr in NAME_LISTS if _group(mod) == group]
+        lists = [(mod, alias.rsplit(".callbacks", 1)[0], attr, horovod_names(test_file, variables))
+                 for alias, mod, test_file, variables, attr in NAME_LISTS if _group(mod) == group]
         _checks[group] = subprocess.Popen([sys.executable, "-c", _CHECK, first, json.dumps(lists)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
 def horovod_coverage() -> list[tuple[str, str, list[str], list[str] | None, str]]:
-    """(Horovod module, trainrun module, names, missing names or None when the module cannot be imported here, why)."""
+    """(Horovod module, trainrun module, names, missing names or None when the module cannot be imported here, why).
+    A name counts as present when both trainrun's module and the `horovod` alias a rank imports have it."""
     import json
 
     start_coverage()
@@ -479,7 +487,8 @@ def horovod_coverage() -> list[tuple[str, str, list[str], list[str] | None, str]
         if "error" in got:
             out.append((horovod_mod, where, names, None, got["error"]))
         else:
-            out.append((horovod_mod, where, names, got["missing"], test_file))
+            missing = got["missing"] + [n for n in got["alias_missing"] if n not in got["missing"]]
+            out.append((horovod_mod, where, names, missing, test_file))
     return out
 
 
@@ -491,7 +500,7 @@ def render_horovod_api() -> str:
         else:
             status = f"**{len(names) - len(missing)} of {len(names)}** present" + \
                 (f"; missing: {', '.join(missing)}" if missing else "") + f" (the names of `{note}`)."
-        parts.append(f"### `{horovod_mod}` -> `{mod}`\n\n{status}\n\n" + ", ".join(_code(n) for n in names) + "\n")
+        parts.append(f"### `{horovod_mod}` -> `{mod}`\n\n{status} Each name looked up in both `{mod}` and the `{horovod_mod}` alias a rank imports.\n\n" + ", ".join(_code(n) for n in names) + "\n")
     return "\n".join(parts)
 
 

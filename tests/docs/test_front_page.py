@@ -50,3 +50,12 @@ def test_readme_links_into_the_guide_and_every_link_resolves():
         assert f"docs/{page}" in targets, f"README does not link to docs/{page}"
     missing = [t for t in targets if not (REPO / t).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_every_page_of_the_guide_is_in_the_navigation():
+    """mkdocs.yml's nav lists every page (a page left out still builds, so the strict build would not say so); the
+    benchmark pages are listed by benchmarks/index.md instead, so that a new one needs no edit of mkdocs.yml."""
+    nav = (REPO / "mkdocs.yml").read_text()
+    pages = [str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if p.parent.name != "benchmarks"]
+    assert "benchmarks/index.md" in nav
+    assert [p for p in pages if f": {p}\n" not in nav] == []
