@@ -1,7 +1,6 @@
-"""Issue 29: a graph's lone collective crosses into Python once (graph_ops.py), checked in one process
-without MPI (workers/tf_graph_lone_op.py; TensorFlow is imported in a subprocess, as tests/tensorflow
-shadows the package here). Before, its result left through a second numpy_function (the finish node
-after TrainrunWait, WAITER.take) and the nodes' Python ran through autograph's converted_call."""
+"""Issues 29 and 40: a graph collective is one native node, and a lone one crosses into Python once
+(graph_ops.py), checked in one process without MPI (workers/tf_graph_lone_op.py; TensorFlow is imported
+in a subprocess, as tests/tensorflow shadows the package here)."""
 import importlib.util
 import os
 import subprocess

@@ -1,55 +1,41 @@
-"""Collectives as TensorFlow graph nodes (tf.function, TF1 graphs) that never hold a TF thread while they wait.
+"""Collectives as TensorFlow graph nodes (tf.function, TF1 graphs): one native asynchronous kernel each.
 
-Why: TF's executor runs a graph's nodes on a small pool of inter-op threads (2 on a 2-core host). A
-collective that blocks inside its node holds one of them until the other ranks reach it; ranks run
-independent collectives in different orders, so a graph with more independent collectives than
-threads can wait for good (every thread of a rank blocked on ops that another rank, itself blocked,
-has not started yet). Horovod's kernels are asynchronous for that reason.
+Why asynchronous: TF's executor runs a graph's nodes on a small pool of inter-op threads (2 on a
+2-core host). A collective that blocks inside its node holds one of them until the other ranks reach
+it; ranks run independent collectives in different orders, so a graph with more independent
+collectives than threads can wait for good. Horovod's kernels are asynchronous for that reason.
 
-Contract: `collective(start, finish, inputs, touts, op_name)` builds, per collective:
-  1. submit -- a stateful numpy_function: `start(*arrays)` hands the op to trainrun's engine (an
-     `*_async` call) and keeps (runtime handle, engine); the node returns (id, empty outputs) at once.
-     A `start` that raises (a bad argument) still returns an id, whose finish raises that error.
-     The one exception, for the latency of a lone collective: where the graph holds one collective
-     (counted per graph as they are built: a graph of one cannot wait on itself) and no other graph
-     collective is in flight on this rank (so at most one TF thread per rank ever blocks, and with two
-     or more inter-op threads every rank keeps one for the submits of concurrent graphs),
-     `start(*arrays, blocking=True)` runs the op to completion in the submit node (the runtime's
-     blocking path, the lone-op fast path included), which returns (0, the result itself) (a failure:
-     an id, as above).
-  2. a tf.cond on id == 0 (lowered to Switch/Merge): the result where it is 0; otherwise
-  3. wait -- the TrainrunWait kernel (native/check_op.cc), asynchronous: it holds no thread while the
-     op is in flight and passes the id on once the waiter thread releases it; then
-  4. finish -- a stateful numpy_function: the op's result (or error) through `finish(result)`, never
-     blocking (the op is done); a failure becomes (code, message) for TrainrunCheck (Horovod's error
-     types, failures.py), as every graph collective reports it.
-So a lone collective crosses into Python once (as before the asynchronous ops), and an op left in
-flight twice; the untaken branch's nodes are dead, they hold nothing.
-No node blocks, so every rank's executor starts every submit it reaches whatever the order, each op
-completes once all ranks submitted it (the engine negotiates whatever is ready on every rank), and
-any number of collectives in any executor order complete; the data dependencies between
-collectives (one's result feeding another) are the graph's own. Nothing is added between collectives
-(no control edges): a TF1 `session.run` runs only the collectives its fetches need, as before.
-
-One waiter thread per process (`_Waiter`) watches the runtime handles of submitted ops: it sleeps on
-the engine's completions (Engine.sleep_until), takes each completed op's result (synchronize, which
-no longer blocks) and releases its id. It waits for whichever op completes first (never for one in
-particular): an op may complete only after this rank runs nodes that need another op's result.
-
-Known gap: a step that fails (another node's error) after some submit nodes ran but before their finish
-nodes did leaves those ops' outcomes (results included) in the waiter's table, and their ids in the
-kernel's released set, until the process ends.
+Contract: `collective(start, finish, inputs, tout, op_name, in_place=None)` builds one TrainrunCollective
+node (native/collective_op.cc) per collective. When it runs, the kernel calls `_submit` (a ctypes
+callback: one C call into Python, no numpy_function, no tensor conversion) with the op's buffers:
+  * in place (`in_place` given; allreduce, a one-dtype grouped allreduce, broadcast): one flat buffer
+    that already holds the inputs (fused, for a group) and whose views are the node's outputs;
+    `in_place(flat, blocking)` reduces in it: started, returning (runtime handle, engine), or with
+    `blocking` run to completion. Nothing is copied out.
+  * result (the other ops): NumPy views of the input tensors' own buffers; `start(*arrays)` ->
+    (handle, engine), or `start(*arrays, blocking=True)` -> the result; `finish(result)` -> the output
+    array(s), which are written into outputs the kernel allocates then (one copy, as TF needs its own).
+The node completes through `trainrun_complete` once the runtime is done: `WAITER`, one thread per
+process, sleeps on the engine's completions and finishes each op (in the order they complete, never
+waiting for one in particular: an op may complete only after this rank runs nodes that need another
+op's result). No node holds a TF thread while its op is in flight.
+The one exception, for the latency of a lone collective: where the graph holds one collective (counted
+per graph as they are built: a graph of one cannot wait on itself) and no other graph collective is in
+flight on this rank, the op runs to completion inside the callback (the runtime's blocking path, its
+lone-op fast path included): at most one TF thread per rank ever blocks.
+A failure completes the node with Horovod's TF error type (failures.py: FailedPreconditionError for
+a mismatch between ranks, ...), as eager ops raise.
 
 Where the kernels cannot be built (no compiler; TRAINRUN_TF_NATIVE=0) each collective is one blocking
-numpy_function (start, synchronize, finish): the limit above applies then (more inter-op threads, or
-control dependencies between the collectives, avoid it).
+numpy_function (start, synchronize, finish): TF reports its errors as UnknownError, and the limit
+above applies (more inter-op threads, or control dependencies between the collectives, avoid it).
 
-bfloat16 crosses numpy_function nodes as float32 (numpy_function hands bfloat16 back as zeros in TF
-2.21), so such values are reduced in float32 and rounded once.
+bfloat16 is reduced as float32 (cast in the graph before and after the node, rounded once), as the
+runtime's bfloat16 is a bit pattern.
 """
 from __future__ import annotations
 
-import itertools
+import ctypes
 import threading
 import weakref
 
@@ -59,72 +45,48 @@ import tensorflow as tf
 from trainrun.runtime import lifecycle
 from trainrun.tensorflow import failures, native
 
-_OK, _NO_MESSAGE = np.int32(failures.OK), np.bytes_(b"")
 # What a numpy_function node runs is called plainly: the code building these nodes is often converted by
 # autograph (a user's tf.function calls hvd.allreduce), and a converted closure's calls each go through
 # autograph's converted_call when the node runs (~40 us a submit node, measured: scripts/bench_tf_graph_nodes.py).
 _plain = tf.autograph.experimental.do_not_convert
 _POLL_S = 0.05  # the waiter's longest sleep (it is woken by completions; this only bounds a missed one)
+_UNKNOWN = 2    # TF's error code for an error failures.py does not type
 
 
 class _Waiter:
-    """Submitted graph ops by id: their runtime handles until they complete, then their outcomes
-    until a finish node takes them. Thread-safe."""
+    """Ops in flight: their runtime handles until they complete; then `on_done(outcome)`, outcome
+    (True, result) or (False, exception). Thread-safe."""
 
     def __init__(self):
         self._cv = threading.Condition()
-        self._pending: dict[int, tuple] = {}   # id -> (runtime handle, engine)
-        self._solo = threading.Lock()          # held by the one op a submit node runs to completion
-        self._outcomes: dict[int, tuple] = {}  # id -> (True, result) | (False, exception)
-        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple] = {}   # key -> (runtime handle, engine, on_done)
+        self._solo = threading.Lock()          # held by the one op run to completion in its node
         self._thread: threading.Thread | None = None
-        self._release = None
 
-    def submit(self, start, arrays, alone: bool, run):
-        """Start the op (`start(*arrays)` -> (handle, engine)); (its id, None) (a failed start: done at
-        once). `alone`: the op's graph holds no other collective: if nothing else is in flight, run it
-        here to completion (`run()`) and hand back (0, its output), or, where it raised, (an id, None)
-        with that error as the id's outcome."""
+    def submit(self, key: int, start, alone: bool, run, on_done) -> None:
+        """Run the op: with `alone` (its graph holds no other collective) and nothing else in flight,
+        `run()` to completion here; otherwise `start()` -> (handle, engine), finished by the waiter
+        thread. `on_done(outcome)` is called once either way (here for a failed start)."""
         if alone and not self._pending and self._solo.acquire(blocking=False):
             try:
-                return 0, run()
-            except Exception as e:  # noqa: BLE001 (the finish node reports it, typed)
-                error = e
+                outcome = (True, run())
+            except Exception as e:  # noqa: BLE001 (the node reports it, typed)
+                outcome = (False, e)
             finally:
                 self._solo.release()
-            tid = self._next_id()
-            self._done(tid, (False, error))
-            return tid, None
-        tid = self._next_id()
+            on_done(outcome)
+            return
         try:
-            handle, eng = start(*arrays)
-        except Exception as e:  # noqa: BLE001 (the finish node reports it, typed)
-            self._done(tid, (False, e))
-            return tid, None
+            handle, eng = start()
+        except Exception as e:  # noqa: BLE001
+            on_done((False, e))
+            return
         with self._cv:
-            self._pending[tid] = (handle, eng)
+            self._pending[key] = (handle, eng, on_done)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="trainrun-tf-waiter", daemon=True)
                 self._thread.start()
             self._cv.notify()
-        return tid, None
-
-    def _next_id(self) -> int:
-        self._release = native.wait_op()[1]
-        return next(self._ids)
-
-    def take(self, tid) -> object:
-        """The completed op's result (raises its error); the id is forgotten."""
-        with self._cv:
-            ok, value = self._outcomes.pop(int(tid))
-        if not ok:
-            raise value
-        return value
-
-    def _done(self, tid: int, outcome: tuple) -> None:
-        with self._cv:
-            self._outcomes[tid] = outcome
-        self._release(tid)
 
     def _run(self) -> None:
         while True:
@@ -132,20 +94,20 @@ class _Waiter:
                 while not self._pending:
                     self._cv.wait()
                 items = list(self._pending.items())
-            ready = [(tid, handle) for tid, (handle, _) in items if _polled(handle)]
+            ready = [(key, entry) for key, entry in items if _polled(entry[0])]
             if not ready:
                 eng = items[0][1][1]
-                one = len({id(e) for _, (_, e) in items}) == 1
-                eng.sleep_until(lambda: any(_polled(h) for _, (h, _) in items), _POLL_S if one else 0.002)
+                one = len({id(e) for _, (_, e, _) in items}) == 1
+                eng.sleep_until(lambda: any(_polled(h) for _, (h, _, _) in items), _POLL_S if one else 0.002)
                 continue
-            for tid, handle in ready:
+            for key, (handle, _, on_done) in ready:
                 try:
                     outcome = (True, lifecycle.synchronize(handle))
-                except BaseException as e:  # noqa: BLE001 (handed to the finish node)
+                except BaseException as e:  # noqa: BLE001 (handed to the node)
                     outcome = (False, e)
                 with self._cv:
-                    del self._pending[tid]
-                self._done(tid, outcome)
+                    del self._pending[key]
+                on_done(outcome)
 
 
 def _polled(handle) -> bool:
@@ -159,68 +121,140 @@ WAITER = _Waiter()
 _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> [its collectives]
 
 
+class _Node:
+    """What one TrainrunCollective node runs (its `spec` attr names it in `_NODES`)."""
+    __slots__ = ("start", "finish", "in_place", "many", "count")
+
+    def __init__(self, start, finish, in_place, many, count):
+        self.start, self.finish, self.in_place, self.many, self.count = start, finish, in_place, many, count
+
+
+_NODES: dict[bytes, _Node] = {}  # spec -> node, for the life of the process (as numpy_function's registry)
+_NP_DTYPES: dict[int, np.dtype] = {}  # TF DataType enum -> NumPy dtype
+
+
+def _np_dtype(enum: int) -> np.dtype:
+    dt = _NP_DTYPES.get(enum)
+    if dt is None:
+        dt = _NP_DTYPES[enum] = np.dtype(tf.dtypes.as_dtype(enum).as_numpy_dtype)
+    return dt
+
+
+def _array(ptr, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    """A NumPy view of `prod(shape)` items at address `ptr` (TF's buffer: alive until the node is done)."""
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0 or not ptr:
+        return np.empty(shape, dtype)
+    return np.frombuffer((ctypes.c_char * (n * dtype.itemsize)).from_address(ptr), dtype).reshape(shape)
+
+
+def _error(e: BaseException) -> tuple[int, bytes]:
+    if isinstance(e, failures.CAUGHT):
+        code, message = failures.code_of(e)
+        return int(code), bytes(message)
+    return _UNKNOWN, f"{type(e).__name__}: {e}".encode(errors="replace")
+
+
+def _submit(kid, spec, in_place, n, ptrs, dtypes, ranks, dims) -> None:
+    """The kernel's callback (module docstring). Never raises: every failure completes the node."""
+    lib = _LIB
+    assert lib is not None  # (registered with the library by _kernel before any node exists)
+    try:
+        node = _NODES[spec]
+        arrays, k = [], 0
+        for i in range(n):
+            shape = tuple(dims[k:k + ranks[i]])
+            k += ranks[i]
+            arrays.append(_array(ptrs[i], _np_dtype(dtypes[i]), shape))
+        alone = node.count[0] == 1
+        if in_place:
+            flat, work = arrays[0], node.in_place
+            WAITER.submit(kid, lambda: work(flat, False), alone, lambda: work(flat, True),
+                          lambda outcome: _finish_in_place(lib, kid, outcome))
+        else:
+            start = node.start
+            WAITER.submit(kid, lambda: start(*arrays), alone, lambda: start(*arrays, blocking=True),
+                          lambda outcome: _finish_result(lib, kid, node, outcome))
+    except BaseException as e:  # noqa: BLE001 (a ctypes callback must not raise)
+        lib.trainrun_complete(kid, *_error(e))
+
+
+def _finish_in_place(lib, kid: int, outcome: tuple) -> None:
+    ok, value = outcome
+    lib.trainrun_complete(kid, *((0, None) if ok else _error(value)))
+
+
+def _finish_result(lib, kid: int, node: _Node, outcome: tuple) -> None:
+    ok, value = outcome
+    try:
+        if not ok:
+            raise value
+        outs = node.finish(value)
+        for i, out in enumerate(outs if node.many else [outs]):
+            out = np.ascontiguousarray(out)
+            dims = (ctypes.c_int64 * max(out.ndim, 1))(*out.shape)
+            ptr = lib.trainrun_output(kid, i, out.ndim, dims)
+            if out.size:
+                if not ptr:
+                    raise RuntimeError(f"TensorFlow could not allocate output {i} of shape {out.shape}")
+                np.copyto(_array(ptr, out.dtype, out.shape), out)
+    except BaseException as e:  # noqa: BLE001
+        lib.trainrun_complete(kid, *_error(e))
+        return
+    lib.trainrun_complete(kid, 0, None)
+
+
+_SUBMIT_T = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+                             ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+                             ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int64))
+_CALLBACK = _SUBMIT_T(_submit)  # (kept alive for the process's life: the kernel holds its address)
+_LIB = None
+_registered = threading.Lock()
+
+
+def _kernel():
+    """The TrainrunCollective op, registering this module's callback with the library once; None
+    where the kernels cannot be built."""
+    global _LIB
+    loaded = native.load()
+    if loaded is None:
+        return None
+    ops, lib = loaded
+    with _registered:
+        if _LIB is None:
+            lib.trainrun_set_submit(ctypes.cast(_CALLBACK, ctypes.c_void_p))
+            _LIB = lib
+    return ops.trainrun_collective
+
+
 @_plain
-def collective(start, finish, inputs, tout, op_name):
-    """The graph nodes of one collective (module docstring); its output tensor(s), `tout` a dtype or a
-    list of them. `start(*arrays)` -> (runtime handle, engine); `finish(result)` -> the output array(s)."""
+def collective(start, finish, inputs, tout, op_name, in_place=None):
+    """The graph node of one collective (module docstring); its output tensor(s), `tout` a dtype or a
+    list of them. `start(*arrays)` -> (runtime handle, engine); `start(*arrays, blocking=True)` -> the
+    result; `finish(result)` -> the output array(s). `in_place(flat, blocking)`: the in-place form,
+    used where every output has its input's dtype and shape and the inputs share one dtype."""
     bf16 = tf.bfloat16
     inputs = [tf.cast(t, tf.float32) if t.dtype == bf16 else t for t in inputs]
     many = isinstance(tout, (list, tuple))
     touts = list(tout) if many else [tout]
     node_touts = [tf.float32 if t == bf16 else t for t in touts]
-    check, wait = native.check_op(), native.wait_op()
-    if wait is None or check is None:
-        outs = _checked(lambda *a: finish(start(*a, blocking=True)), inputs, node_touts, many, op_name, check)
+    kernel = _kernel()
+    if kernel is None:
+        outs = _blocking(lambda *a: finish(start(*a, blocking=True)), inputs, node_touts, many, op_name)
     else:
-        outs = _asynchronous(start, finish, inputs, node_touts, many, op_name, check, wait[0])
+        count = _COUNTS.setdefault(tf.compat.v1.get_default_graph(), [0])
+        count[0] += 1  # (read when the graph runs: complete by then)
+        use_in_place = in_place is not None and len({t.dtype for t in inputs}) == 1
+        spec = f"{op_name}/{len(_NODES)}".encode()
+        _NODES[spec] = _Node(start, finish, in_place if use_in_place else None, many, count)
+        outs = kernel(inputs, node_touts, spec=spec, in_place=use_in_place, name=op_name)
     outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
     return outs if many else outs[0]
 
 
-def _asynchronous(start, finish, inputs, node_touts, many, op_name, check, wait) -> list:
-    """The submit node -> (id, output(s)); id 0: the op ran to completion in it, and its outputs are the
-    result. Otherwise the wait node, the finish node and TrainrunCheck give the result: they sit in the
-    false branch of a tf.cond on `id == 0` (lowered to Switch/Merge), so a lone op costs one Python
-    crossing and no check node."""
-    count = _COUNTS.setdefault(tf.compat.v1.get_default_graph(), [0])
-    count[0] += 1  # (read when the graph runs: complete by then)
-    empties = [np.zeros(0, t.as_numpy_dtype) for t in node_touts]
-
-    def submit(*a):
-        tid, outcome = WAITER.submit(start, a, count[0] == 1, lambda: finish(start(*a, blocking=True)))
-        return [np.int64(tid), *(empties if tid else outcome if many else [outcome])]
-
-    tid, *first = tf.numpy_function(_plain(submit), inputs, [tf.int64, *node_touts], stateful=True, name=f"{op_name}Submit")
-    tid = tf.reshape(tid, [])
-
-    def later():
-        t = wait(tid, name=f"{op_name}Wait")
-        return _checked(lambda t: finish(WAITER.take(t)), [t], node_touts, many, op_name, check)
-
-    outs = tf.cond(tf.equal(tid, 0), lambda: [tf.identity(x) for x in first], later)
+def _blocking(fn, inputs, node_touts, many, op_name) -> list:
+    """One stateful, blocking numpy_function running `fn` (the fallback without the kernels)."""
+    outs = tf.numpy_function(_plain(fn), inputs, node_touts, stateful=True, name=op_name)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
-
-
-def _outcome(fn, many, empties) -> list:
-    """`fn()`'s output array(s), code OK and no message; or, where it raised an error failures.py
-    types, empty outputs and that error's (code, message) for TrainrunCheck."""
-    try:
-        result = fn()
-    except failures.CAUGHT as e:
-        return [*empties, *failures.code_of(e)]
-    return [*(result if many else [result]), _OK, _NO_MESSAGE]
-
-
-def _checked(fn, inputs, node_touts, many, op_name, check) -> list:
-    """One stateful numpy_function running `fn`; a failure leaves it as (code, message) outputs, raised
-    by a TrainrunCheck node with Horovod's TF error type (failures.py) before any output is used;
-    without that kernel the node raises (TF then reports UnknownError, or InvalidArgumentError for a
-    ValueError)."""
-    if check is None:
-        outs = tf.numpy_function(_plain(fn), inputs, node_touts, stateful=True, name=op_name)
-        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
-    empties = [np.zeros(0, t.as_numpy_dtype) for t in node_touts]
-    *outs, code, message = tf.numpy_function(_plain(lambda *a: _outcome(lambda: fn(*a), many, empties)), inputs,
-                                             [*node_touts, tf.int32, tf.string], stateful=True, name=op_name)
-    with tf.control_dependencies([check(code, message)]):
-        return [tf.identity(o) for o in outs]

@@ -2,9 +2,9 @@
 
 Eagerly, a CPU tensor reaches the runtime as a NumPy view of its own buffer (`EagerTensor._numpy()`,
 no copy) and the runtime's result array becomes a tensor through DLPack (no copy either). Inside
-`tf.function` or a TF1 graph each op is a submit node, an asynchronous wait node and a finish node
-(graph_ops.py: the runtime's async ops; no node holds a TF thread while the collective is in flight,
-so any number of independent collectives in one graph complete, in any executor order).
+`tf.function` or a TF1 graph each op is one node (graph_ops.py: one native asynchronous kernel per collective, which hands TF's buffers to the runtime;
+no node holds a TF thread while the collective is in flight, so any number of independent collectives
+in one graph complete, in any executor order).
 
 Names: an explicit `name` is used as is. Without one, eager ops take the runtime's per-kind counter
 (ranks calling in the same order agree); graph ops are named after their input tensor at trace time,
@@ -146,7 +146,8 @@ def _allreduce(tensor, name, op, pre, post, process_set):
     gname = _graph_name("allreduce", name, tensor)
     out = graph_ops.collective(
         lambda a, blocking=False: _started(rt.allreduce_async, rt.allreduce, blocking, a, name=gname, **kw),
-        _same, [tensor], tensor.dtype, "TrainrunAllreduce")
+        _same, [tensor], tensor.dtype, "TrainrunAllreduce",
+        in_place=lambda flat, blocking: _started(rt.allreduce_async_, rt.allreduce_, blocking, flat, name=gname, **kw))
     out.set_shape(tensor.shape)
     return out
 
@@ -163,7 +164,9 @@ def _grouped_allreduce(tensors, name, op, pre, post, process_set) -> list:
     gname = _graph_name("grouped_allreduce", name, tensors[0])
     outs = graph_ops.collective(lambda *a, blocking=False: _started(
         rt.grouped_allreduce_async, rt.grouped_allreduce, blocking, list(a), name=gname, **kw), _same,
-                                tensors, [t.dtype for t in tensors], "TrainrunGroupedAllreduce")
+                                tensors, [t.dtype for t in tensors], "TrainrunGroupedAllreduce",
+                                in_place=lambda flat, blocking: _started(
+                                    rt.allreduce_async_, rt.allreduce_, blocking, flat, name=gname, **kw))
     for o, t in zip(outs, tensors):
         o.set_shape(t.shape)
     return list(outs)
@@ -229,7 +232,9 @@ def _broadcast(tensor, root_rank, name, process_set):
     out = graph_ops.collective(
         lambda a, blocking=False: _started(rt.broadcast_async, rt.broadcast, blocking, a, root_rank, name=gname,
                                            process_set=process_set),
-        _same, [tensor], tensor.dtype, "TrainrunBroadcast")
+        _same, [tensor], tensor.dtype, "TrainrunBroadcast",
+        in_place=lambda flat, blocking: _started(rt.broadcast_async_, rt.broadcast_, blocking, flat, root_rank,
+                                                 name=gname, process_set=process_set))
     out.set_shape(tensor.shape)
     return out
 

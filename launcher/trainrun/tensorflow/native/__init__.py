@@ -1,10 +1,10 @@
-"""TensorFlow kernels trainrun builds from source on first use (check_op.cc: TrainrunCheck, TrainrunWait).
+"""The TensorFlow kernel trainrun builds from source on first use (collective_op.cc: TrainrunCollective).
 
 The library is compiled once per TensorFlow version and source with the compiler and flags TensorFlow
 reports (tf.sysconfig), into TRAINRUN_CACHE_DIR (default ~/.cache/trainrun), under a file lock so
 that the ranks of a job on one host compile it once. Where it cannot be built (no C++ compiler, no
-TensorFlow headers), or with TRAINRUN_TF_NATIVE=0, `check_op()` and `wait_op()` are None and callers
-keep their pure-Python behaviour.
+TensorFlow headers), or with TRAINRUN_TF_NATIVE=0, `load()` is None and graph collectives keep
+their pure-Python behaviour (graph_ops.py).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-_SOURCE = Path(__file__).with_name("check_op.cc")
+_SOURCE = Path(__file__).with_name("collective_op.cc")
 _UNSET = object()
 _loaded = _UNSET
 
@@ -66,33 +66,29 @@ def _load():
     """(the op module, the library through ctypes), or None where it cannot be built (said once)."""
     global _loaded
     if _loaded is _UNSET and os.environ.get("TRAINRUN_TF_NATIVE") == "0":
-        _loaded = None  # the user's choice: no kernels (see check_op, wait_op)
+        _loaded = None  # the user's choice: no kernels
     if _loaded is _UNSET:
         try:
             path = library_path()
             if not path.exists():
                 _build(path)
             ops = tf.load_op_library(str(path))
-            lib = ctypes.CDLL(str(path))  # the same loaded library: trainrun_release
-            lib.trainrun_release.argtypes, lib.trainrun_release.restype = [ctypes.c_int64], None
+            lib = ctypes.CDLL(str(path))  # the same loaded library: its C entry points (collective_op.cc)
+            lib.trainrun_set_submit.argtypes, lib.trainrun_set_submit.restype = [ctypes.c_void_p], None
+            lib.trainrun_output.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int64)]
+            lib.trainrun_output.restype = ctypes.c_void_p
+            lib.trainrun_complete.argtypes = [ctypes.c_int64, ctypes.c_int, ctypes.c_char_p]
+            lib.trainrun_complete.restype = None
             _loaded = (ops, lib)
         except Exception as e:  # noqa: BLE001 (any failure: fall back, and say why)
-            print(f"trainrun: warning: cannot build trainrun's TensorFlow kernels ({e}): TensorFlow errors in "
-                  f"graphs stay UnknownError, and a graph's collectives each hold an inter-op thread while they "
-                  f"wait", file=sys.stderr)
+            print(f"trainrun: warning: cannot build trainrun's TensorFlow kernel ({e}): graph collectives "
+                  f"run through numpy_function nodes (slower), TensorFlow errors in graphs stay UnknownError, "
+                  f"and each collective holds an inter-op thread while it waits", file=sys.stderr)
             _loaded = None
     return _loaded
 
 
-def check_op():
-    """The TrainrunCheck op (`check_op()(code, message)`), or None where it cannot be built (said once
-    on stderr)."""
-    loaded = _load()
-    return None if loaded is None else loaded[0].trainrun_check
-
-
-def wait_op():
-    """(TrainrunWait op, release) -- `wait_op()[0](id)` passes `id` on once `release(id)` was called,
-    holding no TF thread meanwhile -- or None where the kernels cannot be built."""
-    loaded = _load()
-    return None if loaded is None else (loaded[0].trainrun_wait, loaded[1].trainrun_release)
+def load():
+    """(the op module, the library through ctypes), or None where the kernel cannot be built (said
+    once on stderr) or TRAINRUN_TF_NATIVE=0."""
+    return _load()
