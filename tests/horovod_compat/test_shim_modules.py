@@ -90,6 +90,7 @@ assert hk.sycl_built() is False and hk.mpi_built() and hvd.ccl_built() is False
 assert kk.PartialDistributedOptimizer is trainrun.keras.PartialDistributedOptimizer
 assert hk.PartialDistributedOptimizer is trainrun.tensorflow.keras.PartialDistributedOptimizer
 from horovod.tensorflow.util import _executing_eagerly, _cache, vars_to_refs, refs_to_vars
+assert hvd._executing_eagerly is _executing_eagerly and hvd.vars_to_refs is vars_to_refs  # as Horovod imports them
 import tensorflow as tf
 assert _executing_eagerly() is True and tf.function(lambda: tf.constant(_executing_eagerly()))().numpy() == False
 v = [tf.Variable(1.0), tf.Variable(2.0)]
