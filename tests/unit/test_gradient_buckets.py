@@ -30,3 +30,16 @@ def test_one_dtype_per_bucket_and_only_cpu_dense_trainable_parameters():
 
 def test_cap_zero_means_no_buckets():
     assert buckets.plan([param(4)], 0) == []
+
+
+def test_first_bucket_closes_at_its_own_cap_and_never_above_the_cap():
+    a, b, c, d, e = (param(10) for _ in range(5))  # 40 bytes each; backward order e, d, c, b, a
+    assert buckets.plan([a, b, c, d, e], 120, first=40) == [(e,), (d, c, b), (a,)]
+    assert buckets.plan([a, b, c, d, e], 80, first=1000) == buckets.plan([a, b, c, d, e], 80)
+    assert buckets.plan([a, b, c, d, e], 1000, first=0) == [(e, d, c, b, a)]
+
+
+def test_first_bucket_is_per_dtype():
+    f32a, f64a, f32b, f64b = param(10), param(5, torch.float64), param(10), param(5, torch.float64)
+    got = buckets.plan([f32a, f64a, f32b, f64b], 1000, first=40)
+    assert sorted(got, key=lambda g: (g[0].dtype is torch.float64, len(g))) == [(f32b,), (f32a,), (f64b,), (f64a,)]

@@ -99,7 +99,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._group_left = [len(g) for g in self._groups]
         self._group_started: dict[int, tuple] = {}
         self._group_buffers: list = [None] * len(self._groups)  # the flat tensor each group last travelled in
-        self._group_touched = False  # a member's hook fired since the last synchronize
+        self._first_hook = [True]  # no gradient hook has fired since the last synchronize (or the start)
         in_group = {id(p) for g in self._groups for p in g}
         self._ungrouped = [p for p in params if id(p) not in in_group]
         self._batch: list = []  # final gradients not in a group, not yet started (see the hook)
@@ -216,26 +216,34 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p, slot: int, index: int | None):
         """The hook of parameter p (position `slot`; in group `index`, or None). Kept lean: it runs
-        once per gradient per step."""
-        def hook(*_):
-            assert not p.grad.requires_grad
-            meter = self._measured
-            if meter is not None and meter.step_end:  # backward began: the time before the step ends here
-                meter.before_ns += perf_counter_ns() - meter.step_end
-                meter.step_end = 0
-            if index is not None:
-                self._group_touched = True
-                if not count_pass(self._passes_left, slot):
+        once per gradient per step (200 gradients of a small model: a microsecond of Python each is
+        2% of its step), so what it reads lives in the closure, and the lists it counts in are reset
+        in place by synchronize."""
+        passes, left, first = self._passes_left, self._group_left, self._first_hook
+        if index is not None:
+            def group_hook(_):
+                if first[0]:  # the step's first gradient: backward began (the meter's time before it)
+                    self._backward_began()
+                n = passes[slot]
+                if n <= 0:
+                    count_pass(passes, slot)  # (raises Horovod's error)
+                passes[slot] = n - 1
+                if n != 1:
                     return  # accumulating locally: the group starts once passes are done, or in synchronize
-                left = self._group_left
-                left[index] -= 1
-                if not left[index]:
+                n = left[index] - 1
+                left[index] = n
+                if not n:
                     # the last group to start, with no other gradients to come: synchronize drives it next,
                     # in this thread (waking the engine's would cost a hand-off)
                     last = len(self._group_started) + 1 == len(self._groups) and not self._ungrouped
                     self._start_group(index, wake=not last)
-                return
-            if not count_pass(self._passes_left, slot):
+            return group_hook
+
+        def hook(_):
+            assert not p.grad.requires_grad
+            if first[0]:
+                self._backward_began()
+            if not count_pass(passes, slot):
                 self._handles[p] = (None, None)  # accumulating locally: reduced once passes are done, or by synchronize
                 return
             self._handles[p] = (None, None)
@@ -249,6 +257,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._batch_bytes >= BATCH_BYTES:
                 self._flush()
         return hook
+
+    def _backward_began(self) -> None:
+        """The first gradient hook of a step: the meter's time before the step ends here (from the last
+        synchronize's end: the data loader, forward)."""
+        self._first_hook[0] = False
+        meter = self._measured
+        if meter is not None and meter.step_end:
+            meter.before_ns += perf_counter_ns() - meter.step_end
+            meter.step_end = 0
 
     def synchronize(self):
         """Wait for every gradient's allreduce (starting those whose hooks did not fire) and write the
@@ -289,11 +306,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad = decompress(compressed, cctx)
             if grad is not key.grad:
                 self._write_grad(key, grad)
-        # every parameter was reduced: all count passes afresh
-        self._passes_left = [self.backward_passes_per_step] * len(self._passes_left)
-        self._group_left = [len(g) for g in self._groups]
+        # every parameter was reduced: all count passes afresh (in place: the hooks hold these lists)
+        self._passes_left[:] = [self.backward_passes_per_step] * len(self._passes_left)
+        self._group_left[:] = [len(g) for g in self._groups]
+        self._first_hook[0] = True
         started.clear()
-        self._group_touched = False
         handles.clear()
         self._synchronized = True
         meter = lifecycle.engine(self._process_set).meter  # (wire/perf_line.py: steps per window, the time before each)
@@ -333,7 +350,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        refuse_zero_grad(self._handles or self._group_started or self._group_touched)
+        refuse_zero_grad(self._handles or self._group_started or not self._first_hook[0])
         return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
