@@ -6,14 +6,14 @@ A CUDA_VISIBLE_DEVICES already set limits the pool to the GPUs it names; GPU ids
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
 from trainrun.plan.facts import Gpu
+from trainrun.plan.program import which
 
 
 def query_nvidia_smi(timeout: float = 10.0) -> list[Gpu]:
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")  # (shutil.which's search, without importing shutil: plan/program.py)
     if exe is None:
         return []
     try:

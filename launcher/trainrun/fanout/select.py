@@ -55,6 +55,8 @@ class ReachOptions(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
 
 @dataclass(frozen=True)
 class HostSource:
+    """Where the job's hosts come from, the engine that reaches them and why (host_source's answer)."""
+
     hosts: list[HostSpec]
     engine: str                  # "ssh" or "slurm"
     reason: str                  # one line, for --dry-run and --check

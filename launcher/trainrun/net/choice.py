@@ -8,7 +8,6 @@ same cache, so a check and the launch after it name the same NICs.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Mapping, NamedTuple, Sequence
@@ -99,12 +98,16 @@ def _cache_path(hosts: list[HostSpec], opts: NicOptions) -> str:
 
 
 def save_nic_choice(hosts: list[HostSpec], opts: NicOptions, nics: list[str]) -> None:
+    import json  # (here and below: a one-host launch has no NICs to choose and never imports it)
+
     os.makedirs(cache_dir(), exist_ok=True)
     with open(_cache_path(hosts, opts), "w") as f:
         json.dump({"time": time.time(), "nics": nics}, f)
 
 
 def cached_nic_choice(hosts: list[HostSpec], opts: NicOptions) -> list[str] | None:
+    import json
+
     try:
         with open(_cache_path(hosts, opts)) as f:
             doc = json.load(f)

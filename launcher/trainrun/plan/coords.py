@@ -18,6 +18,8 @@ COORDS = ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size"
 
 @dataclass(frozen=True)
 class RankCoords:
+    """A rank's place in the job: rank, size, and its local and cross coordinates (COORDS)."""
+
     rank: int
     size: int
     local_rank: int

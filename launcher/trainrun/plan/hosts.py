@@ -20,7 +20,6 @@ and the ranks of a job are capped (plan/limits.py).
 """
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import re
 import socket
@@ -65,6 +64,8 @@ def _parse_name(text: str) -> tuple[str, str | None]:
         raise ValueError(f"'{text}' is not a host name")
     host = m.group("host")
     if host.startswith("["):
+        import ipaddress  # (here and below: only for a name that is an address)
+
         try:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
@@ -80,6 +81,8 @@ def check_host_name(name: str) -> None:
         raise ValueError(f"'{name[:20]}...' is not a valid host name ({len(name)} characters; at most 253)")
     labels = (name[:-1] if name.endswith(".") else name).split(".")
     if labels[-1].isdigit():
+        import ipaddress
+
         try:
             ipaddress.IPv4Address(name)
         except ValueError:

@@ -16,6 +16,8 @@ from trainrun.plan.placement import RankAssignment
 
 @dataclass(frozen=True)
 class ProcessSpec:
+    """One rank as planned: where it runs, its argv, what trainrun adds to its environment, its directory."""
+
     assignment: RankAssignment
     argv: tuple[str, ...]
     env: Mapping[str, str]  # what trainrun adds on top of the host's environment (in a plan: a RankEnvMap)
@@ -33,6 +35,8 @@ class ProcessSpec:
 
 @dataclass(frozen=True)
 class LaunchPlan:
+    """The whole job as planned: its JobInfo and one ProcessSpec per rank."""
+
     job: JobInfo
     procs: tuple[ProcessSpec, ...]
 

@@ -47,7 +47,6 @@ from trainrun.supervisor.exit_policy import Done, ExitPolicy, Ignore, RankExit, 
 from trainrun.supervisor.groups import ExitInfo
 from trainrun.supervisor.jobstate import JobEvent, JobState, advance
 from trainrun.supervisor.result import Failure, JobResult, exit_code_of, left_while, named_rank, settle, signame
-from trainrun.supervisor.straggler import Watch
 from trainrun.supervisor.watchdog import Watchdog
 
 if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at run time
@@ -56,6 +55,7 @@ if TYPE_CHECKING:  # the seam, for readers and type checkers; not imported at ru
     from trainrun.supervisor.groups import RankGroup
     from trainrun.supervisor.job_output import JobOutput
     from trainrun.supervisor.stall import Stuck
+    from trainrun.supervisor.straggler import Watch
 
 TICK = 0.05
 KILL_WAIT = 5.0  # seconds after SIGKILL before giving up on hosts that do not answer
@@ -109,8 +109,26 @@ class Job:
         self._stuck: list[Stuck] = []  # ranks that waited in a collective no round of which completed
         self._stall_verdict: tuple[float, list[RankStack]] | None = None  # StallError: (fail at, the stacks)
         self.policy: ExitPolicy = policy if policy is not None else StaticPolicy()
-        # who holds the job back (supervisor/straggler.py), from the ranks' window summaries
-        self.stragglers = Watch({p.rank: p.host for p in plan.procs}) if len(plan.procs) > 1 else None
+        # who holds the job back (supervisor/straggler.py), from the ranks' window summaries: made at first use
+        # (`stragglers`), so a job whose ranks send none does not import it (nor statistics)
+        self._straggler_hosts = {p.rank: p.host for p in plan.procs} if len(plan.procs) > 1 else None
+        self._stragglers: Watch | None = None
+
+    @property
+    def stragglers(self) -> Watch | None:
+        """The job's straggler Watch (None for a single rank, or once it failed); made when first asked for (a
+        window summary, --monitor/--json attaching to it)."""
+        if self._stragglers is None and self._straggler_hosts is not None:
+            from trainrun.supervisor.straggler import Watch
+
+            self._stragglers = Watch(self._straggler_hosts)
+        return self._stragglers
+
+    @stragglers.setter
+    def stragglers(self, watch: Watch | None) -> None:
+        self._stragglers = watch
+        if watch is None:  # stopped diagnosing: not made again
+            self._straggler_hosts = None
 
     def on_tick(self, hook: Callable[[float], None]) -> None:
         """Call `hook(now)` (monotonic seconds) from the loop every TICK or sooner, after the groups' ticks,
@@ -491,9 +509,10 @@ class Job:
             if self.world is not None:
                 self.world.cleanup()
             self.sink.close()
-            if self.stragglers is not None:
+            if self._straggler_hosts is not None:  # a Watch was made, or would have been (not one that failed)
                 try:
-                    for line in self.stragglers.summary():
+                    # (never made: no window came and nothing attached to it, so its summary is empty)
+                    for line in self._stragglers.summary() if self._stragglers is not None else ():
                         log.warning("%s", line)
                     if self.output_dir:  # DIR/straggler.html from the windows recorded
                         from trainrun.supervisor.straggler_plot import write_plot

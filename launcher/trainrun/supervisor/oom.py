@@ -11,9 +11,8 @@ Neither: no verdict (a SIGKILL stays a SIGKILL). dmesg(1) and /proc/pressure are
 from __future__ import annotations
 
 import os
-import re
 
-_KILLED = re.compile(rb"(?:Killed process |oom-kill:.*?\bpid=)(\d+)")
+KILLED = rb"(?:Killed process |oom-kill:.*?\bpid=)(\d+)"  # compiled when a record is read (re's cache keeps it)
 CGROUP_ROOTS = ("/sys/fs/cgroup/memory", "/sys/fs/cgroup")
 
 
@@ -79,7 +78,9 @@ class OomWatch:
                 return
             if not record:
                 return
-            if m := _KILLED.search(record):
+            import re
+
+            if m := re.search(KILLED, record):
                 text = record.split(b";", 1)[-1].strip().decode(errors="replace")
                 self._killed.setdefault(int(m.group(1)), text)
 
