@@ -136,6 +136,7 @@ class LocalRanks:
 
         reaper.become_subreaper()
         self._since = reaper.ticks_now()
+        self._next_reap = time.monotonic() + REAP_EVERY  # the first look for ended orphans a second in, as every later one
         from trainrun.supervisor.watchdog import guardian_pids
 
         self._helpers = {watchdog.pid, *guardian_pids()}
@@ -422,7 +423,8 @@ class LocalRanks:
         left = reaper.kill_tree(roots, spare=self._helpers | (self.spares.pids() if self.spares is not None else set()))
         if self._job_id:
             left += reaper.sweep(self._job_id, self._hosts)
-        self._reap_orphans()
+        if roots:  # (none: every rank was reaped and no orphan adopted, so no process of the job is below this
+            self._reap_orphans()  # one any more, and none can come to it: the usual end, one /proc scan less)
         if left:
             log.warning("%d process(es) of job %s on %s survived SIGKILL: %s", len(left), self._job_id,
                         ",".join(self._hosts), sorted(set(left)))

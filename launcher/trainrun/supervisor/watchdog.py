@@ -25,6 +25,8 @@ import select
 import signal
 import time
 
+from trainrun.supervisor import reaper  # (here, not in the guardian: forked with it, it has nothing to import)
+
 POLL_S = 0.5
 
 _LIVE: set[int] = set()  # pids of this process's guardians not yet closed
@@ -99,16 +101,19 @@ def _guard(r: int) -> None:
             os.dup2(null, fd)
         os.closerange(3, r)
         os.closerange(r + 1, 65536)
-        from trainrun.supervisor import reaper
-
         me = reaper.stat(os.getpid())
         since = me.start if me else 0  # forked before any rank: the job's processes are younger
-        groups, marks, unlinks, buf = set(), set(), set(), b""
+        groups: set[int] = set()
+        marks: set[tuple[str, ...]] = set()
+        unlinks: set[str] = set()
+        buf = b""
         only: set[int] = set()  # add_group()'s: killed, without following the owner's adopted children
         adopted: dict[int, int] = {}  # pid -> start of the owner's adopted children seen so far
         limit, stopped_since, kill_owner = None, None, False
-        while True:
-            if select.select([r], [], [], POLL_S)[0]:
+        next_look = 0.0  # the owner's children are looked at every POLL_S s, not at every message (a job's start
+        while True:      # sends one per rank: a /proc scan each, on the cores its ranks are starting on)
+            wait = max(0.0, next_look - time.monotonic()) if groups else POLL_S
+            if select.select([r], [], [], wait)[0]:
                 data = os.read(r, 4096)
                 if not data:
                     break
@@ -127,8 +132,9 @@ def _guard(r: int) -> None:
                         only.add(int(line[1:]))
                     else:
                         groups.add(int(line[1:]))
-            if not groups:
+            if not groups or time.monotonic() < next_look:
                 continue
+            next_look = time.monotonic() + POLL_S
             procs = reaper.table()
             for p in reaper.adopted(owner, since, (os.getpid(),), procs):
                 adopted[p.pid] = p.start
