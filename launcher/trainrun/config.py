@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
-import click
-
 from trainrun.errors import UsageError
 from trainrun.plan.hosts import Exclusion, HostSpec, parse_exclude, parse_hosts_arg, read_hostfile
 from trainrun.plan.roles import RoleCounts
 
 if TYPE_CHECKING:
+    import click  # (imported where a YAML config is read: a plain launch reads its line without click, cli/simple.py)
+
     from trainrun.elasticjob.policy import ElasticSettings
 
 Export = tuple[str, "str | None"]  # -x NAME=VALUE -> (NAME, VALUE); -x NAME -> (NAME, None): the launcher's value
@@ -45,6 +45,8 @@ NOT_ELASTIC = _NotElastic()
 
 @dataclass(frozen=True)
 class LaunchConfig:
+    """Every launch option, typed and validated (parse_config makes it; launchspec.resolve reads it)."""
+
     command: tuple[str, ...]
     num_proc: int | None = None
     hosts: tuple[HostSpec, ...] | None = None  # -H's hosts, or --hostfile's (read by parse_config)
@@ -241,6 +243,8 @@ def parse_export(item: str) -> Export:
 
 
 def _aliases(command: click.Command) -> dict[str, click.Parameter]:
+    import click
+
     out: dict[str, click.Parameter] = {}
     for p in command.params:
         if not isinstance(p, click.Option) or p.name is None or p.name in ("config", "version", "help"):
@@ -359,6 +363,8 @@ def read_yaml_config(path: str, flag: str) -> Any:
 
 def load_config_file(path: str, ctx: click.Context) -> dict[str, Any]:
     """Read a YAML config (read_yaml_config: bounded) into click's default_map form ({param name: converted value})."""
+    import click
+
     doc = read_yaml_config(path, "--config")
     if doc is None:
         return {}

@@ -2,12 +2,12 @@
 message and its exit code here (no traceback for anything a user can cause)."""
 from __future__ import annotations
 
-import signal
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
+from trainrun.cli.simple import answer_sigint, exit_with, launch_options
 from trainrun.version import __version__
 from trainrun.errors import TrainrunError
 
@@ -170,9 +170,6 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
     """Launch COMMAND as N ranked processes on one or many hosts."""
-    from trainrun.config import parse_config
-    from trainrun.launch import launch
-
     ctx = click.get_current_context()
     from_cli = {n for n in ("hosts", "hostfile") if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE}
     if from_cli == {"hosts"}:  # the command line's hosts replace the config file's, whichever form
@@ -181,27 +178,14 @@ def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
         options["hosts"] = None
     if not command and not options["check"]:
         raise click.UsageError("Missing argument 'COMMAND...'.")
-    if options["verbose"]:
-        from trainrun import log
-
-        log.enable_verbose()
-    try:
-        return launch(parse_config(command, json=json_, **options))
-    except BrokenPipeError:  # a table, report or summary written after the reader left (`| head`): as SIGPIPE
-        from trainrun.supervisor.output import SIGPIPE_EXIT, reader_gone
-
-        if not (reader_gone(1) or reader_gone(2)):
-            raise
-        return SIGPIPE_EXIT
+    return launch_options(command, json_, options)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    """The command line read by click (the plain form is also read without it: simple.py, the process's entry
+    point in __init__.py), run; exits with the code."""
     argv = sys.argv[1:] if argv is None else argv
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        # Started with SIGINT ignored (`trainrun ... &` in a script: the shell does that): Python then leaves it
-        # ignored, so Ctrl-C / kill -INT did nothing until the Job installed its own handler after planning.
-        # Answer it in every phase alike: planning and reaching hosts stop at once (exit 130).
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    answer_sigint()
     try:
         if argv and argv[0] == "--sbatch":
             code = _submit(argv[1:])
@@ -216,8 +200,4 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except TrainrunError as err:
         print(f"trainrun: error: {err}", file=sys.stderr)
         code = err.exit_code
-    if code == 141:  # SIGPIPE_EXIT (supervisor/output.py): no BrokenPipeError from the interpreter's last flush
-        from trainrun.supervisor.output import silence_closed_outputs
-
-        silence_closed_outputs()
-    sys.exit(code or 0)
+    exit_with(code)
