@@ -7,6 +7,7 @@ and under `mpiexec -n 2` (the venv's MPICH).
     python scripts/bench_ceiling.py --tf                  # TensorFlow Keras fit: 100 x Dense(64) and the MNIST CNN
     python scripts/bench_ceiling.py --models small,resnet --conditions idle --launchers trainrun --rounds 8
     python scripts/bench_ceiling.py --out /tmp/ceiling.md # the markdown table also written there
+    PYTHONPATH=/tmp/base/launcher python scripts/bench_ceiling.py --label before   # another checkout's code
 
 The driver (this script without --worker) starts itself with --worker under each launcher, collects rank 0's
 `RESULT {json}` line and prints one markdown table (ready to paste into docs/benchmarks/ceiling.md).
@@ -101,12 +102,16 @@ def driver(args, rest: list[str]) -> int:
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.monotonic()
-    lines = []
+    lines: list[str] = []
+    notes: list[str] = []
     for launcher in args.launchers.split(","):
         print(f"bench_ceiling: {launcher} ...", file=sys.stderr, flush=True)
-        rows = table_rows(launcher, run_worker(launcher, rest, args.timeout))
+        res = run_worker(launcher, rest, args.timeout)
+        rows = table_rows(launcher + (f" ({args.label})" if args.label else ""), res)
         print("\n".join(rows), file=sys.stderr, flush=True)
         lines += rows
+        notes.append(f"{launcher}: its own process used {res.get('launcher_cpu_pct', 0):.2f}% of a core while the "
+                     "ranks ran (CPU of rank 0's parent: trainrun, or hydra_pmi_proxy under mpiexec)")
     load1 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     cmd = "python scripts/bench_ceiling.py " + " ".join(sys.argv[1:])
     head = [f"- date: {started}; machine: nproc {len(os.sched_getaffinity(0))}, {platform.processor() or platform.machine()}, "
@@ -115,7 +120,7 @@ def driver(args, rest: list[str]) -> int:
             f"- command: `{cmd}` ({args.rounds} rounds of {args.steps}-step blocks per contender, order rotated per round)",
             "", "| launcher | model | condition (load 1 min, start-end) | contender | ms/step (median) | of ceiling: none/this (IQR) "
             "| this / trainrun (IQR) |", "|---|---|---|---|---:|---:|---:|"]
-    text = "\n".join(head + lines) + "\n"
+    text = "\n".join(head + lines + [""] + [f"- {n}" for n in notes]) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
@@ -304,12 +309,24 @@ def tf_worker(args, comm) -> list:
     return results
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` itself (not its children), 0.0 if unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def worker(args) -> int:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
+    parent = os.getppid()  # the launcher (trainrun) or MPICH's hydra_pmi_proxy: its own CPU while ranks train
+    c0, t0 = proc_cpu_s(parent), time.monotonic()
     results = tf_worker(args, comm) if args.tf else torch_worker(args, comm)
+    launcher_pct = 100 * (proc_cpu_s(parent) - c0) / (time.monotonic() - t0)
     if comm.rank == 0:
-        print("RESULT " + json.dumps({"results": results}), flush=True)
+        print("RESULT " + json.dumps({"results": results, "launcher_cpu_pct": launcher_pct}), flush=True)
     return 0
 
 
@@ -325,6 +342,8 @@ def main() -> int:
     p.add_argument("--tf-threads", type=int, default=0, help="--tf: TF intra/inter-op threads (0: TF's default)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--out", help="also write the markdown to this file")
+    p.add_argument("--label", help="a word after the launcher's name in every row (e.g. the code measured: "
+                   "run with PYTHONPATH=<another checkout>/launcher for a before/after pair)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.models is None:
@@ -346,10 +365,10 @@ def strip_driver_opts(argv: list[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if a in ("--launchers", "--out", "--timeout"):
+        if a in ("--launchers", "--out", "--timeout", "--label"):
             skip = True
             continue
-        if a.split("=", 1)[0] in ("--launchers", "--out", "--timeout"):
+        if a.split("=", 1)[0] in ("--launchers", "--out", "--timeout", "--label"):
             continue
         out.append(a)
     return out
