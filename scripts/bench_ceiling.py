@@ -31,7 +31,8 @@ scripts/bench_contention.py, batch 16, 3x64x64); --tf: dense (100 x Dense(64) ta
 tutorial MNIST CNN of scripts/bench_tf_fit_worker.py, batch 64, sparse categorical cross entropy).
 Conditions: idle (the machine as it is), hogs (one `while True: pass` process per core, started by rank 0).
 Per block, the time per step is the slower rank's (block wall time / steps, MAX over ranks). Reported: the
-median over rounds of each contender's ms/step, `of ceiling` = the median over rounds of none_ms / this_ms
+median over rounds of each contender's ms/step and of its CPU per step (user + system of both rank
+processes, all their threads: the measure least moved by other load on a shared machine), `of ceiling` = the median over rounds of none_ms / this_ms
 (1.00 is no cost at all), and `trainrun vs this` = the median of this_ms / trainrun_ms (> 1: trainrun is
 faster), with the 25th-75th percentile of the per-round ratios. Not a test: it asserts nothing.
 """
@@ -93,8 +94,10 @@ def table_rows(launcher: str, res: dict) -> list[str]:
         for name, b in blocks.items():
             ceiling = fmt_ratio([n / t for n, t in zip(none, b)])
             vs = "-" if name == "trainrun" else fmt_ratio([t / o for t, o in zip(b, ours)])
+            cpu = entry.get("cpus", {}).get(name)
+            cpu_ms = f"{statistics.median(cpu) * 1e3:.1f}" if cpu else "-"
             out.append(f"| {launcher} | {model} | {cond} ({load[0]:.1f}-{load[1]:.1f}) | {name} | "
-                       f"{statistics.median(b) * 1e3:.2f} | {ceiling} | {vs} |")
+                       f"{statistics.median(b) * 1e3:.2f} | {ceiling} | {vs} | {cpu_ms} |")
     return out
 
 
@@ -119,7 +122,7 @@ def driver(args, rest: list[str]) -> int:
             f"run took {time.monotonic() - t0:.0f} s",
             f"- command: `{cmd}` ({args.rounds} rounds of {args.steps}-step blocks per contender, order rotated per round)",
             "", "| launcher | model | condition (load 1 min, start-end) | contender | ms/step (median) | of ceiling: none/this (IQR) "
-            "| this / trainrun (IQR) |", "|---|---|---|---|---:|---:|---:|"]
+            "| this / trainrun (IQR) | CPU ms/step (both ranks) |", "|---|---|---|---|---:|---:|---:|---:|"]
     text = "\n".join(head + lines + [""] + [f"- {n}" for n in notes]) + "\n"
     print(text)
     if args.out:
@@ -135,19 +138,24 @@ def start_hogs(n: int) -> list:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def interleave(comm, fns: dict, rounds: int, steps: int, block) -> dict:
-    """{name: [seconds per step of each round's block (slower rank)]}, blocks in rotated order."""
+def interleave(comm, fns: dict, rounds: int, steps: int, block) -> tuple[dict, dict]:
+    """({name: [seconds per step of each round's block (slower rank)]}, {name: [CPU seconds per step of
+    both rank processes, all threads, each round's block]}), blocks in rotated order."""
     names = list(fns)
     for name in names:  # warm-up: caches, buckets, traced functions
         block(name, fns[name], 2)
-    out = {n: [] for n in names}
+    out: dict = {n: [] for n in names}
+    cpu: dict = {n: [] for n in names}
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             comm.Barrier()
+            c0 = time.process_time()
             per_step = block(name, fns[name], steps)
+            used = (time.process_time() - c0) / steps  # (before the barrier: MPICH's barrier polls)
             out[name].append(comm.allreduce(per_step, op=_MPI_MAX()))
-    return out
+            cpu[name].append(comm.allreduce(used))
+    return out, cpu
 
 
 def _MPI_MAX():
@@ -217,8 +225,8 @@ def torch_worker(args, comm) -> list:
                     return dt
 
                 load0 = os.getloadavg()[0]
-                blocks = interleave(comm, fns, args.rounds, args.steps, block)
-                results.append({"model": model_name, "condition": cond, "blocks": blocks,
+                blocks, cpus = interleave(comm, fns, args.rounds, args.steps, block)
+                results.append({"model": model_name, "condition": cond, "blocks": blocks, "cpus": cpus,
                                 "load": [load0, os.getloadavg()[0]]})
         finally:
             for h in hogs:
@@ -298,8 +306,8 @@ def tf_worker(args, comm) -> list:
                     return (t[-1] - t[0]) / (len(t) - 1)
 
                 load0 = os.getloadavg()[0]
-                blocks = interleave(comm, compiled, args.rounds, args.steps, block)
-                results.append({"model": model_name, "condition": cond, "blocks": blocks,
+                blocks, cpus = interleave(comm, compiled, args.rounds, args.steps, block)
+                results.append({"model": model_name, "condition": cond, "blocks": blocks, "cpus": cpus,
                                 "load": [load0, os.getloadavg()[0]]})
         finally:
             for h in hogs:
