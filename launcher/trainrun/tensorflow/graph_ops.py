@@ -8,10 +8,11 @@ collectives than threads can wait for good. Horovod's kernels are asynchronous f
 Contract: `collective(start, finish, inputs, tout, op_name, in_place=None)` builds one TrainrunCollective
 node (native/collective_op.cc) per collective. When it runs, the kernel calls `_submit` (a ctypes
 callback: one C call into Python, no numpy_function, no tensor conversion) with the op's buffers:
-  * in place (`in_place` given; allreduce, a one-dtype grouped allreduce, broadcast): one flat buffer
-    that already holds the inputs (fused, for a group) and whose views are the node's outputs;
-    `in_place(flat, blocking)` reduces in it: started, returning (runtime handle, engine), or with
-    `blocking` run to completion. Nothing is copied out.
+  * in place (`in_place` given; allreduce, a one-dtype grouped allreduce, broadcast): one buffer that
+    already holds the inputs and whose views are the node's outputs -- a single input's own output, with
+    its shape; a group's inputs fused into one flat buffer (the ranks then compare its length, not the
+    members' shapes) -- and `in_place(buffer, blocking)` reduces in it: started, returning (runtime
+    handle, engine), or with `blocking` run to completion. Nothing is copied out.
   * result (the other ops): NumPy views of the input tensors' own buffers; `start(*arrays)` ->
     (handle, engine), or `start(*arrays, blocking=True)` -> the result; `finish(result)` -> the output
     array(s), which are written into outputs the kernel allocates then (one copy, as TF needs its own).

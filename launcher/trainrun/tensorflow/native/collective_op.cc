@@ -12,9 +12,10 @@
 //  * in place (allreduce, grouped allreduce, broadcast: every output has its input's shape and dtype):
 //    the outputs are prepared before the callback and the runtime works in them. One input forwards
 //    its buffer to the output where TensorFlow allows it (nobody else holds it) and is copied
-//    otherwise; several inputs of one dtype are copied into one fused buffer, at 64-byte-aligned
-//    offsets, and each output is a view of its part: the runtime reduces one buffer (one negotiation,
-//    one MPI call) and nothing is copied back out.
+//    otherwise, and is handed with its shape (the ranks' shapes are compared); several inputs of one
+//    dtype are copied into one fused buffer, at 64-byte-aligned offsets, and each output is a view of
+//    its part: the runtime reduces one flat buffer (one negotiation, one MPI call; the ranks compare its
+//    length, not the members' shapes) and nothing is copied back out.
 //  * result (allgather, alltoall, reducescatter, and groups of mixed dtypes): the callback reads the
 //    inputs in place; the output shapes are known only once the runtime is done, so it allocates each
 //    output then (trainrun_output) and writes the result into it.
@@ -121,10 +122,7 @@ class TrainrunCollectiveOp : public AsyncOpKernel {
       if (out->tensor_data().data() != in.data() && !in.empty()) {
         std::memcpy(const_cast<char*>(out->tensor_data().data()), in.data(), in.size());
       }
-      Describe(*out, ptrs, dtypes, ranks, dims);
-      ranks->back() = 1;  // handed flat
-      dims->resize(dims->size() - out->dims());
-      dims->push_back(out->NumElements());
+      Describe(*out, ptrs, dtypes, ranks, dims);  // with its shape: the ranks' shapes are compared
       return absl::OkStatus();
     }
     const auto dtype = c->input(0).dtype();
