@@ -111,8 +111,9 @@ ENV: dict[str, tuple[str, str]] = {
     "TRAINRUN_LOG_LEVEL": ("settings", "`trace`/`debug`/`info`: rank 0 also prints the settings the engine runs with; "
                                        "`warning` (default): the \"no effect\" lines; `error`/`fatal`: neither. Horovod: HOROVOD_LOG_LEVEL"),
     "HOROVOD_LOG_LEVEL": ("settings", "as TRAINRUN_LOG_LEVEL"),
-    "TRAINRUN_BUCKET_BYTES": ("settings", "torch `DistributedOptimizer`'s gradient buckets (default 25 MiB, as DDP); `0`: "
-                                          "Horovod's one allreduce per gradient"),
+    "TRAINRUN_BUCKET_BYTES": ("settings", "the gradient buckets of torch's `DistributedOptimizer` and of TensorFlow's "
+                                          "optimizers in graphs (default 25 MiB, as DDP); `0`: Horovod's one allreduce "
+                                          "per gradient in torch, one bucket in TensorFlow graphs"),
     "HOROVOD_GPU_OPERATIONS": ("settings", "`nccl` or `mpi` for CUDA tensors (another value is noted and ignored); "
                                            "TRAINRUN_GPU_OPERATIONS wins"),
     "TRAINRUN_WAIT": ("settings", "how a rank waits for its peers: `auto` (default: polls while the wait is young and the "

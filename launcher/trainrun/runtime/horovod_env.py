@@ -17,8 +17,9 @@ are set (the HOROVOD_* one is then noted as having no effect).
                                                   HOROVOD_STALL_CHECK_DISABLE=1                     60 s
     timeline_path     TRAINRUN_TIMELINE           HOROVOD_TIMELINE (a file path)                    none
     log_level         TRAINRUN_LOG_LEVEL          HOROVOD_LOG_LEVEL                                 warning
-    bucket_bytes      TRAINRUN_BUCKET_BYTES       (none: torch DistributedOptimizer's gradient       25 MiB
-                                                  buckets, torch/buckets.py; 0: one allreduce per gradient)
+    bucket_bytes      TRAINRUN_BUCKET_BYTES       (none: the gradient buckets of torch's and         25 MiB
+                                                  TF's optimizers, torch/buckets.py, tensorflow/reduce.py;
+                                                  0: per gradient in torch, one bucket in TF graphs)
     gpu_operations    TRAINRUN_GPU_OPERATIONS     HOROVOD_GPU_OPERATIONS: nccl|mpi, how CUDA        "" (nccl
                       (set by the launcher for    tensors are reduced (mpi: staged through host      where
                       --allow-gpu-sharing)        memory); another HOROVOD_ value is noted, unset    libnccl loads)
@@ -105,7 +106,7 @@ class Settings:
     cache_capacity: int = CACHE_CAPACITY       # response-cache signatures
     log_level: str = "warning"
     notes: tuple[str, ...] = ()
-    bucket_bytes: int = BUCKET_BYTES           # DistributedOptimizer's gradient buckets (torch); 0: none
+    bucket_bytes: int = BUCKET_BYTES           # optimizers' gradient buckets (torch, TF graphs); 0: none
     gpu_operations: str = ""                   # "nccl" or "mpi" for CUDA tensors; "": nccl where libnccl loads
     wait_mode: str = "auto"                    # the waiting policy's mode (waiting.MODES)
     straggler: bool = True                     # the engine keeps its straggler counters (meter.py)

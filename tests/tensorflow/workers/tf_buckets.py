@@ -1,7 +1,7 @@
-"""Worker of tests/tensorflow/test_tf_buckets.py: a tf.function training step of 40 x Dense(128) (2.6 MB of
-gradients) through DistributedGradientTape reduces its gradients in several fused buckets (reduce.py: one
-TrainrunCollective node each, the first small), and the reduced gradients equal the eager average of
-every rank's own. Writes rank<R>.json: {"nodes": N, "first_bucket_bytes": B} or {"error": "..."}.
+"""Worker of tests/tensorflow/test_tf_buckets.py (run with TRAINRUN_BUCKET_BYTES=1 MiB): a tf.function
+training step of 40 x Dense(128) (2.6 MB of gradients) through DistributedGradientTape reduces its gradients
+in fused buckets (reduce.py: one TrainrunCollective node each), and the reduced gradients equal the eager
+average of every rank's own. Writes rank<R>.json: {"nodes": N, "first_bucket_bytes": B} or {"error": "..."}.
 
 argv: OUT_DIR
 """
@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import trainrun.tensorflow as hvd
+from trainrun.runtime import lifecycle
 from trainrun.tensorflow import reduce
 
 
@@ -37,7 +38,7 @@ def main(out: Path) -> None:
             raise AssertionError(f"gradient {i}: {g.ravel()[:4]} != {w.ravel()[:4]}")
     graph = step.get_concrete_function().graph
     nodes = [op for op in graph.get_operations() if op.type == "TrainrunCollective"]
-    first = reduce.buckets(list(range(len(own))), own)[0]
+    first = reduce.buckets(list(range(len(own))), own, lifecycle.settings().bucket_bytes)[0]
     nbytes = sum(own[i].numpy().nbytes for i in first)
     (out / f"rank{rank}.json").write_text(json.dumps({"nodes": len(nodes), "first_bucket_bytes": nbytes}))
 
