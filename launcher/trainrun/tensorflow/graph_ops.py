@@ -124,10 +124,11 @@ _COUNTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # graph -> [
 
 class _Node:
     """What one TrainrunCollective node runs (its `spec` attr names it in `_NODES`)."""
-    __slots__ = ("start", "finish", "in_place", "many", "count")
+    __slots__ = ("start", "finish", "in_place", "many", "count", "dtypes")
 
-    def __init__(self, start, finish, in_place, many, count):
+    def __init__(self, start, finish, in_place, many, count, dtypes):
         self.start, self.finish, self.in_place, self.many, self.count = start, finish, in_place, many, count
+        self.dtypes = dtypes  # the node's output dtypes (NumPy): a result is written as exactly these
 
 
 _NODES: dict[bytes, _Node] = {}  # spec -> node, for the life of the process (as numpy_function's registry)
@@ -195,6 +196,8 @@ def _finish_result(lib, kid: int, node: _Node, outcome: tuple) -> None:
         outs = node.finish(value)
         for i, out in enumerate(outs if node.many else [outs]):
             out = np.ascontiguousarray(out)
+            if out.dtype != node.dtypes[i]:  # (TF allocated the output for its own dtype: never write past it)
+                raise TypeError(f"output {i} is {out.dtype}, the node's is {node.dtypes[i]}")
             dims = (ctypes.c_int64 * max(out.ndim, 1))(*out.shape)
             ptr = lib.trainrun_output(kid, i, out.ndim, dims)
             if out.size:
@@ -249,7 +252,8 @@ def collective(start, finish, inputs, tout, op_name, in_place=None):
         count[0] += 1  # (read when the graph runs: complete by then)
         use_in_place = in_place is not None and len({t.dtype for t in inputs}) == 1
         spec = f"{op_name}/{len(_NODES)}".encode()
-        _NODES[spec] = _Node(start, finish, in_place if use_in_place else None, many, count)
+        _NODES[spec] = _Node(start, finish, in_place if use_in_place else None, many, count,
+                             [np.dtype(t.as_numpy_dtype) for t in node_touts])
         outs = kernel(inputs, node_touts, spec=spec, in_place=use_in_place, name=op_name)
     outs = [tf.cast(o, bf16) if t == bf16 else o for o, t in zip(outs, touts)]
     return outs if many else outs[0]

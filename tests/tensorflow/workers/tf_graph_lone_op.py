@@ -1,8 +1,8 @@
 """Worker of tests/tensorflow/test_graph_ops_nodes.py (one process, no MPI): a graph collective is one
 native TrainrunCollective node (no numpy_function node in the graph), a lone one runs to completion in
 the kernel's callback (`start(..., blocking=True)`), with autograph not converting its Python, its result is
-written into the node's output, and a failing one keeps its TF error type. Prints "ok" when every
-check passes."""
+written into the node's output (a result of another dtype is refused), and a failing one keeps its TF
+error type. Prints "ok" when every check passes."""
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.autograph.core import ag_ctx  # (no public "is autograph on here?")
@@ -53,4 +53,11 @@ try:
     raise AssertionError("no error")
 except tf.errors.FailedPreconditionError as e:
     assert "rank 1 submitted shape" in e.message, e.message
+wrong = tf.function(lambda v: graph_ops.collective(start, lambda r: r.astype(np.float64), [v], tf.float32,
+                                                    "TestWrongDtype"))
+try:  # a result of another dtype than the node's is refused, never written past TF's buffer
+    wrong(tf.constant([1.0, 2.0]))
+    raise AssertionError("no error")
+except tf.errors.UnknownError as e:
+    assert "float64" in e.message and "float32" in e.message, e.message
 print("ok")
