@@ -158,6 +158,13 @@ def interleave(comm, fns: dict, rounds: int, steps: int, block) -> tuple[dict, d
     return out, cpu
 
 
+def measured(comm, fns: dict, args, block, model_name: str, cond: str) -> dict:
+    """One model in one condition: its contenders' interleaved blocks (`interleave`), with the load around them."""
+    load0 = os.getloadavg()[0]
+    blocks, cpus = interleave(comm, fns, args.rounds, args.steps, block)
+    return {"model": model_name, "condition": cond, "blocks": blocks, "cpus": cpus, "load": [load0, os.getloadavg()[0]]}
+
+
 def _MPI_MAX():
     from mpi4py import MPI
     return MPI.MAX
@@ -224,10 +231,7 @@ def torch_worker(args, comm) -> list:
                     meter.on = was
                     return dt
 
-                load0 = os.getloadavg()[0]
-                blocks, cpus = interleave(comm, fns, args.rounds, args.steps, block)
-                results.append({"model": model_name, "condition": cond, "blocks": blocks, "cpus": cpus,
-                                "load": [load0, os.getloadavg()[0]]})
+                results.append(measured(comm, fns, args, block, model_name, cond))
         finally:
             for h in hogs:
                 h.kill()
@@ -305,10 +309,7 @@ def tf_worker(args, comm) -> list:
                     t = timer.times
                     return (t[-1] - t[0]) / (len(t) - 1)
 
-                load0 = os.getloadavg()[0]
-                blocks, cpus = interleave(comm, compiled, args.rounds, args.steps, block)
-                results.append({"model": model_name, "condition": cond, "blocks": blocks, "cpus": cpus,
-                                "load": [load0, os.getloadavg()[0]]})
+                results.append(measured(comm, compiled, args, block, model_name, cond))
         finally:
             for h in hogs:
                 h.kill()
