@@ -20,6 +20,8 @@ if [ "${1:-}" = "--test" ]; then
     [ -x /usr/sbin/munged ] || need="$need munge"
     # a terminal for the --monitor test (tests/process/test_monitor.py: the live table in an 80x24 pane)
     command -v tmux >/dev/null || need="$need tmux"
+    # Java for the Spark test cluster (tests/spark: pyspark's driver, a standalone master and workers)
+    command -v java >/dev/null || need="$need openjdk-17-jre-headless"
     if [ -n "$need" ]; then
       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need >/dev/null
     fi
