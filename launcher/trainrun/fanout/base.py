@@ -13,6 +13,10 @@ does three things for the rest of the launcher, which never sees SSH or srun:
 
 Contract: no engine opens a listening port; the channel is the engine's own transport (an SSH session,
 a pipe, srun's stdin/stdout). A host is named by `HostSpec.name`, unique within a job.
+The one exception is Spark's (spark_engine.py), which has no transport into a running task: the tasks connect
+back to ONE listening socket, which the Spark driver opens (sparkrun/driver.py, not an engine) for the stage's
+start only, and every connection proves the job's secret (HMAC challenge-response, wire/spark_link.py) before
+any byte of it is trusted; the engine itself only inherits the connected sockets.
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ class HostSource:
     """Where the job's hosts come from, the engine that reaches them and why (host_source's answer)."""
 
     hosts: list[HostSpec]
-    engine: str                  # "ssh" or "slurm"
+    engine: str                  # "ssh", "slurm" or "spark"
     reason: str                  # one line, for --dry-run and --check
     default_np: int | None = None
     allocation: Allocation | None = None  # when the hosts or the engine are Slurm's
@@ -67,6 +67,9 @@ class HostSource:
 def host_source(req: HostRequest, environ: Mapping[str, str]) -> HostSource:
     """Raises UsageError for --engine slurm outside an allocation, a malformed Slurm environment, no host and
     no -np, or an --exclude that names no host of the job or leaves none."""
+    if req.given is not None and environ.get("TRAINRUN_SPARK_LINKS"):  # launched by sparkrun/driver.py
+        return HostSource(list(req.given), "spark", "hosts from the Spark stage's barrier tasks, reached over the "
+                          "sockets they opened to the driver")
     alloc = None
     if req.engine != "ssh" and ("SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ):
         from trainrun.slurm.allocation import Allocation
@@ -100,6 +103,12 @@ def _kept(specs: list[HostSpec], exclude: Exclusion) -> list[HostSpec]:
 def engine_for(reach: ReachOptions, source: HostSource) -> FanoutEngine:
     """The engine that reaches this job's remote hosts. SSH imports paramiko (only jobs with remote hosts)."""
     python = reach.python or sys.executable
+    if source.engine == "spark":
+        import os
+
+        from trainrun.fanout.spark_engine import SparkEngine
+
+        return SparkEngine.from_environ(os.environ)
     if source.engine == "slurm":
         from trainrun.fanout.srun_engine import SrunEngine
 

@@ -82,7 +82,7 @@ def check_argv(argv: list[str]) -> None:
 
 
 def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None = None, hostfile: str | None = None,
-        executable: str | None = None, env: dict | None = None, **options) -> list:
+        executable: str | None = None, env: dict | None = None, spark=None, **options) -> list:
     """Run `func(*args, **kwargs)` on `np` ranks (on this machine, or over `hosts`/`hostfile` like
     `trainrun -np N -H ...`) and return the list of their return values, in rank order.
 
@@ -97,7 +97,20 @@ def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None 
     ended otherwise without every result, ResultTooLarge (a RunError) when a rank on another host returned
     more than wire.max_lines_bytes() pickled (64 MiB; ranks on this machine have no limit), UsageError for
     a bad option (before anything starts).
-    With elastic options the values are those of the last attempt's ranks."""
+    With elastic options the values are those of the last attempt's ranks.
+
+    `spark`: a SparkSession (or SparkContext, or a master URL such as "local[4]"): the ranks run under a
+    barrier stage of `np` tasks (default: its defaultParallelism), one per executor slot, on the hosts Spark
+    picks (sparkrun/driver.py); not with hosts/hostfile."""
+    if spark is not None:
+        if hosts or hostfile or options.get("host_discovery_script"):
+            raise UsageError("run(): spark= places the ranks itself: drop hosts/hostfile/host_discovery_script")
+        if env:
+            options["export"] = [f"{k}={v}" for k, v in env.items()]
+        nics = options.pop("network_interface", None)
+        start = options.pop("start_timeout", None)
+        return run_spark(func, args, kwargs, spark, num_proc=np, start_timeout=start, option_argv=_option_argv(options),
+                         nics=nics, executable=executable)
     opts = dict(options)
     if np is not None:
         opts["num_proc"] = np
@@ -110,6 +123,16 @@ def run(func, args=(), kwargs=None, *, np: int | None = None, hosts: str | None 
     argv = _option_argv(opts)
     local = not (hosts or hostfile or options.get("host_discovery_script") or os.environ.get("SLURM_JOB_ID"))
     return launch_call(func, args, kwargs, argv, local=local, executable=executable)
+
+
+def run_spark(func, args, kwargs, spark, **how) -> list:
+    """The call on a Spark cluster (sparkrun/driver.run_on_spark: `how` are its keywords), through launch_call."""
+    from trainrun.sparkrun.driver import SparkStartError, run_on_spark
+
+    try:
+        return run_on_spark(func, args, kwargs, spark, launch_call=launch_call, check_argv=check_argv, **how)
+    except SparkStartError as err:
+        raise RunError(str(err)) from None
 
 
 def _call_blob(func, args, kwargs) -> bytes:
@@ -127,14 +150,24 @@ def _call_blob(func, args, kwargs) -> bytes:
 
 
 def launch_call(func, args, kwargs, option_argv: list[str], *, local: bool, executable: str | None = None,
-                out=None, err=None) -> list:
+                out=None, err=None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> list:
     """Start the launcher for `option_argv` (trainrun options, checked) with the call, pass its output on,
-    return the values (see run())."""
+    return the values (see run()). `env`: more variables for the launcher; `pass_fds`: descriptors it inherits,
+    closed here once it has started (sparkrun's task sockets: the launcher alone holds them then)."""
+    owned = list(pass_fds)  # emptied by _supervise once the launcher holds them
+    try:
+        return _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, owned)
+    finally:
+        for fd in owned:
+            os.close(fd)
+
+
+def _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, pass_fds) -> list:
     out = out or sys.stdout
     err = err or sys.stderr
     blob = _call_blob(func, args, kwargs)
     nonce = secrets.token_hex(8)
-    child_env = {**os.environ, ENV_NONCE: nonce}
+    child_env = {**os.environ, **(env or {}), ENV_NONCE: nonce}
     with tempfile.TemporaryDirectory(prefix="trainrun-run-") as folder:
         carry = call_env(blob)
         if carry is None and not local:
@@ -148,7 +181,7 @@ def launch_call(func, args, kwargs, option_argv: list[str], *, local: bool, exec
         tail: list[str] = []
         with ResultServer(folder, nonce) as server:  # the values of ranks on this machine (channel.py)
             child_env[ENV_SOCKET] = server.path
-            code = _supervise(argv, child_env, collector, out, err, tail)
+            code = _supervise(argv, child_env, collector, out, err, tail, pass_fds)
     return _values(collector, code, tail, func, server.results)
 
 
@@ -158,13 +191,20 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _supervise(argv, env, collector: Collector, out, err, tail: list[str]) -> int:
+def _supervise(argv, env, collector: Collector, out, err, tail: list[str], owned_fds: list[int] | None = None) -> int:
     """Run the launcher to its end; its stdout through `collector` to `out`, its stderr to `err` (the
     last lines kept in `tail`). Ctrl-C: passed on to the launcher, waited for, raised."""
     from trainrun.supervisor.output import terminal_safe
 
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_die_with_parent)
+    pass_fds = tuple(owned_fds or ())
+    try:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=_die_with_parent, pass_fds=pass_fds)
+    finally:
+        for fd in pass_fds:
+            os.close(fd)  # the launcher's now: its end is the tasks' EOF
+        if owned_fds:
+            owned_fds.clear()
     # the launcher writes to pipes (so it passes the bytes as they are): the terminal check is ours to make
     shown_out, shown_err = ((terminal_safe if _is_terminal(f) else bytes) for f in (out, err))
 
