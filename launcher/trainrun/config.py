@@ -95,6 +95,9 @@ class LaunchConfig:
     verbose: bool = False
     engine: str = "auto"
     tf_cluster: RoleCounts | None = None  # --tf-cluster: a TensorFlow parameter-server cluster (plan/roles.py)
+    ray: str | None = None  # --ray [ADDRESS]: Ray places the ranks (fanout/ray_engine.py); "auto": RAY_ADDRESS or local
+    ray_strategy: str = "pack"
+    cpus_per_proc: float | None = None  # --ray: each rank's CPUs in its bundle (None: 1)
 
     def __post_init__(self) -> None:
         if self.host_discovery_script and self.hosts is not None:
@@ -108,6 +111,37 @@ class LaunchConfig:
         if self.perf and not self.check:
             raise UsageError("--perf goes with --check; write trainrun -H ... --check --perf")
         self._check_openmpi()
+        self._check_ray()
+
+    def _check_ray(self) -> None:
+        """--ray's refusals, one line each: Ray gives the hosts, so nothing else may; the modes that reach no
+        host or run no job do not place a placement group."""
+        if self.ray is None:
+            if self.ray_strategy != "pack" or self.cpus_per_proc is not None:
+                raise UsageError("--ray-strategy and --cpus-per-proc go with --ray (Ray's placement of the ranks)")
+            return
+        if not _looks_like_address(self.ray):
+            raise UsageError(f"--ray {self.ray}: not a Ray address (auto, HOST:PORT or ray://HOST:PORT); to use the "
+                             f"default address put --ray before another option, e.g. trainrun --ray -np 4 {self.ray}")
+        if self.hosts is not None or self.host_discovery_script:
+            raise UsageError("--ray with -H/--hostfile/--host-discovery-script: Ray places the ranks and so picks "
+                             "the hosts; drop one of them")
+        if self.engine != "auto":
+            raise UsageError(f"--ray with --engine {self.engine}: the Ray engine reaches the hosts; drop --engine")
+        if self.mpi == "openmpi":
+            raise UsageError("--ray with --mpi openmpi: mpirun would start the ranks outside Ray's bundles; use "
+                             "--mpi mpich (trainrun serves the MPI world)")
+        if self.check:
+            raise UsageError("--check with --ray is not supported yet: the ranks' hosts exist only once Ray has "
+                             "placed them; run `ray status` for the cluster, or --check with -H")
+        if self.dry_run:
+            raise UsageError("--dry-run with --ray is not supported: the plan depends on where Ray places the ranks, "
+                             "which happens only at launch")
+        if self.num_proc is None and self.max_np is None and self.tf_cluster is None:
+            raise UsageError("--ray needs -np N (how many bundles to ask Ray for)")
+        if self.elastic:
+            raise UsageError("--ray with --min-np/--max-np/--max-restarts is not supported yet: run the job "
+                             "without them (a lost Ray node then ends it)")
 
     def _check_openmpi(self) -> None:
         """The options `--mpi openmpi` cannot honour, refused (each one line): what they watch does not reach
@@ -209,6 +243,11 @@ def parse_config(command: Sequence[str], *, hosts: str | None = None, hostfile: 
     return LaunchConfig(command=tuple(command), hosts=specs, hostfile=hostfile or None,
                         exclude=parse_exclude(exclude), network_interface=parse_nics(network_interface),
                         show_ranks=_parse_shown(show_ranks), export=tuple(parse_export(x) for x in export), **typed)
+
+
+def _looks_like_address(text: str) -> bool:
+    """A Ray address as ray.init takes it: auto, local, HOST:PORT, or a scheme such as ray://HOST:PORT."""
+    return text in ("auto", "local") or "://" in text or (":" in text and text.rsplit(":", 1)[1].isdigit())
 
 
 def parse_nics(text: str | None) -> tuple[str, ...]:

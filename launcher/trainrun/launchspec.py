@@ -31,6 +31,7 @@ from trainrun.supervisor.supervision import Supervision
 if TYPE_CHECKING:
     from trainrun.config import LaunchConfig
     from trainrun.elasticjob.policy import ElasticSettings
+    from trainrun.fanout.ray_engine import RayRequest
 
 
 class LaunchSpec(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
@@ -107,4 +108,15 @@ def host_request(cfg: LaunchConfig) -> HostRequest:
             raise UsageError(f"--host-discovery-script {cfg.host_discovery_script}: listed no host")
         return HostRequest(given, "--host-discovery-script", cfg.engine, cfg.exclude, local_np)
     flag = "--hostfile" if cfg.hostfile else "-H"
-    return HostRequest(cfg.hosts, flag if cfg.hosts is not None else None, cfg.engine, cfg.exclude, local_np)
+    return HostRequest(cfg.hosts, flag if cfg.hosts is not None else None, cfg.engine, cfg.exclude, local_np,
+                       ray_request(cfg, local_np))
+
+
+def ray_request(cfg: LaunchConfig, np: int | None) -> RayRequest | None:
+    """--ray's placement (None without --ray): one bundle per rank of -np (config.py requires it)."""
+    if cfg.ray is None:
+        return None
+    from trainrun.fanout.ray_engine import RayRequest
+
+    return RayRequest(cfg.ray, cfg.ray_strategy, cfg.cpus_per_proc or 1.0, cfg.gpus_per_proc or 0,
+                      np or cfg.max_np or 1, cfg.ssh_timeout)

@@ -134,6 +134,14 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: str | None)
 @click.option("--engine", type=click.Choice(["auto", "ssh", "slurm"]), default="auto", show_default=True,
               help="How remote hosts are reached: ssh; slurm (srun, inside an allocation); auto: Slurm inside an "
                    "allocation when no -H/--hostfile is given, else SSH.")
+@click.option("--ray", is_flag=False, flag_value="auto", default=None, metavar="[ADDRESS]",
+              help="Run on a Ray cluster: Ray places one bundle per rank (a placement group), trainrun starts and "
+                   "serves them. ADDRESS: auto (RAY_ADDRESS, else the cluster on this machine), HOST:PORT or "
+                   "ray://HOST:PORT. Needs -np.")
+@click.option("--ray-strategy", type=click.Choice(["pack", "spread", "strict_spread"]), default="pack",
+              show_default=True, help="With --ray: the placement group's strategy (Ray's PACK, SPREAD, STRICT_SPREAD).")
+@click.option("--cpus-per-proc", type=click.FloatRange(min=0, min_open=True), metavar="N",
+              help="With --ray: CPUs in each rank's bundle (default 1); --gpus-per-proc is its GPUs.")
 @click.option("--sbatch", "sbatch_", is_flag=True, expose_value=False, is_eager=True, callback=lambda c, p, v: _sbatch_first(v),
               help="Submit as a Slurm batch job instead: trainrun --sbatch [SBATCH OPTIONS...] [OPTIONS] PROGRAM "
                    "(must come first; prints the job id).")

@@ -27,7 +27,8 @@ DEFAULTS: dict[str, Any] = {
     "network_interface": None, "no_cache": False, "engine": "auto", "max_restarts": None, "min_np": None,
     "max_np": None, "host_discovery_script": None, "blacklist_cooldown_range": None, "elastic_timeout": 600.0,
     "max_backoff": 10.0, "warm_ranks": True, "check": False, "perf": False, "perf_strict": False, "perf_time": None,
-    "exclude": None, "dry_run": False, "monitor": False, "verbose": False,
+    "exclude": None, "dry_run": False, "monitor": False, "verbose": False, "ray": None, "ray_strategy": "pack",
+    "cpus_per_proc": None,
 }
 """The options the click command (command.cli) is called with when the command line gives none, `json_` aside."""
 

@@ -37,11 +37,13 @@ _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "::1", "[
 
 @dataclass(frozen=True)
 class HostSpec:
-    """One host of the job: its name as the user wrote it, the slots it offers, an optional SSH user."""
+    """One host of the job: its name as the user wrote it, the slots it offers, an optional SSH user, and
+    `via`: the engine that placed it ("ray": a Ray node), which then reaches it even when it is this machine."""
 
     name: str
     slots: int = 1
     user: str | None = None
+    via: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -51,8 +53,9 @@ class HostSpec:
 
     @property
     def is_local(self) -> bool:
-        """True when this host is the machine the launcher runs on (no SSH needed)."""
-        return self.user is None and is_local_name(self.name)
+        """True when this host is the machine the launcher runs on (no SSH needed) and no engine placed it
+        (a Ray node's ranks run under its agent, inside the bundles Ray reserved, also on this machine)."""
+        return self.user is None and self.via is None and is_local_name(self.name)
 
     def __str__(self) -> str:
         return f"{self.user}@{self.name}" if self.user else self.name

@@ -1,0 +1,135 @@
+"""`trainrun --ray` on a real 3-node Ray cluster (tests/cluster/ray/conftest.py): placement, the env contract,
+output, failures, and nothing left on any node after success, failure, Ctrl-C or a SIGKILLed launcher."""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.cluster.ray.conftest import wait_nothing_left
+
+REPO = Path(__file__).parents[3]
+TRAINRUN = [sys.executable, "-m", "trainrun"]
+SHOW = ("import os, socket; e = os.environ; print('at', e['RANK'], e['LOCAL_RANK'], e['LOCAL_WORLD_SIZE'], e['WORLD_SIZE'], "
+        "socket.gethostname(), repr(e.get('CUDA_VISIBLE_DEVICES')), "
+        "any(k.startswith('RAY_') for k in e), flush=True)")
+
+
+def test_places_six_ranks_on_three_nodes_with_the_env_contract(ray_cluster):
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "-c", SHOW], cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = sorted(line.split(":", 1)[1].split()[1:] for line in p.stdout.splitlines() if ":at " in line)
+    assert [r[0] for r in sorted(rows, key=lambda r: int(r[0]))] == [str(i) for i in range(6)], p.stdout
+    by_host: dict[str, list[str]] = {}
+    for rank, local, local_size, size, host, cuda, ray_vars in rows:
+        assert size == "6" and local_size == "2", rows
+        assert cuda == "''", f"rank {rank}: Ray granted no GPU, yet CUDA_VISIBLE_DEVICES={cuda}"
+        assert ray_vars == "False", f"rank {rank} sees Ray's worker variables"
+        by_host.setdefault(host, []).append(local)
+    assert {h: sorted(v) for h, v in by_host.items()} == {"h1": ["0", "1"], "h2": ["0", "1"], "h3": ["0", "1"]}
+    assert all(line.startswith(f"[{line[1]}]") for line in p.stdout.splitlines() if ":at " in line)
+    wait_nothing_left(ray_cluster)
+
+
+def test_trains_the_torch_example(ray_cluster):
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "examples/train_torch.py", "--epochs",
+                            "1"], cwd=REPO, timeout=300)
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-3000:])
+    assert "[0]" in p.stdout
+    wait_nothing_left(ray_cluster)
+
+
+SLEEP = "import time, os; print('up', os.environ['RANK'], flush=True); time.sleep(120)"
+
+
+def _wait_for_lines(proc, marker: str, count: int, timeout: float = 90.0) -> list[str]:
+    """Lines of `proc`'s stdout until `count` of them contain `marker`."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while sum(marker in line for line in seen) < count:
+        assert time.monotonic() < deadline, f"no {count} x {marker!r} in {timeout} s: {seen}"
+        line = proc.stdout.readline()
+        assert line, f"launcher ended early: {seen}"
+        seen.append(line)
+    return seen
+
+
+def test_a_failing_rank_fails_the_job_fast(ray_cluster):
+    fail = "import os, sys, time; r = int(os.environ['RANK']); time.sleep(0 if r == 4 else 60); sys.exit(3)"
+    started = time.monotonic()
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "-c", fail], cwd=REPO)
+    assert p.returncode == 3, p.stderr[-3000:]
+    assert time.monotonic() - started < 45
+    assert "rank 4 on" in p.stderr and "exited with code 3" in p.stderr, p.stderr
+    wait_nothing_left(ray_cluster)
+
+
+def test_ctrl_c_ends_the_job_and_leaves_nothing(ray_cluster):
+    import subprocess
+
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "-c", SLEEP], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_lines(proc, "up", 6)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_nothing_left(ray_cluster)
+
+
+def test_a_sigkilled_launcher_leaves_nothing_on_any_node(ray_cluster):
+    """Ray's owner rule (the actors and the placement group die with their driver) and the agents' EOF rule."""
+    import subprocess
+
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "-c", SLEEP], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        _wait_for_lines(proc, "up", 6)
+        proc.kill()  # nsenter execs the launcher: this is the launcher's pid
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_nothing_left(ray_cluster, timeout=60)
+
+
+def test_run_api_returns_every_ranks_value(ray_cluster):
+    code = ("import trainrun, os\n"
+            "def f(x):\n"
+            "    return (int(os.environ['RANK']), x * 2)\n"
+            "print(trainrun.run(f, args=(21,), np=4, ray='auto'))\n")
+    p = ray_cluster.run(1, [sys.executable, "-c", code], cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == str([(r, 42) for r in range(4)])
+    wait_nothing_left(ray_cluster)
+
+
+def test_a_killed_raylet_ends_the_job_naming_the_node(ray_cluster):
+    """Runs last in this file: h3's node is started again afterwards (restart_node)."""
+    import subprocess
+
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", sys.executable, "-c", SLEEP], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_lines(proc, "up", 6)
+        killed = time.monotonic()
+        import os
+
+        os.kill(ray_cluster.raylet(3), signal.SIGKILL)
+        err = proc.stderr.read()
+        code = proc.wait(90)
+        assert code != 0, err
+        assert time.monotonic() - killed < 60, err
+        assert "10.241.0.4" in err, err  # h3's node, named
+        print(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ray_cluster.restart_node(3)
+    wait_nothing_left(ray_cluster, timeout=60)
