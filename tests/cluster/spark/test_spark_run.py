@@ -1,0 +1,131 @@
+"""horovod.spark.run on a real Spark standalone cluster (the `spark` fixture: master in h1, workers in h2 and h3),
+the driver in the root namespace. A Horovod-shaped program trains a small torch model on 4 barrier tasks; a
+rank's exception reaches the driver naming rank and host; a killed worker or a killed driver leaves no agent,
+rank or /dev/shm file on any host. The kill tests run last (they restart what they killed)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+from trainrun.plan.horovod_shim import SHIM_DIR  # the driver's `import horovod` is trainrun's shim
+
+from .conftest import spark_testbed
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[2]
+
+
+def driver(url: str, mode: str) -> subprocess.Popen:
+    env = {**os.environ, "PYSPARK_PYTHON": spark_testbed.python(),
+           "PYTHONPATH": os.pathsep.join([SHIM_DIR, str(ROOT / "launcher")])}
+    return subprocess.Popen([spark_testbed.python(), str(HERE / "spark_driver.py"), url,
+                             json.dumps(spark_testbed.driver_conf()), mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+
+
+def job_left(tb) -> list[str]:
+    """trainrun's agents and ranks in any host, the launcher in the root namespace, /dev/shm files of
+    trainrun in any host."""
+    procs = [f"{pid} {cmd[:100]}" for pid, cmd in spark_testbed.spark_processes().items() if "trainrun" in cmd]
+    procs += [f"{pid} (launcher, root ns)" for pid in spark_testbed.testbed.procs_with("trainrun.runfunc.task")
+              if _spark_launcher(pid)]
+    for h in tb.hosts:
+        shm = tb.run(h.index, ["ls", "/dev/shm"]).stdout.split()
+        procs += [f"{h.name}:/dev/shm/{f}" for f in shm if "trainrun" in f or f.startswith("mpich")]
+    return procs
+
+
+def _spark_launcher(pid: int) -> bool:
+    try:
+        return b"TRAINRUN_SPARK_LINKS=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def settled(tb, timeout: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := job_left(tb)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def ranks_ready(proc, n: int, timeout: float) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    os.set_blocking(proc.stdout.fileno(), False)
+    buf = ""
+    while time.monotonic() < deadline and sum("READY" in line for line in seen) < n:
+        chunk = proc.stdout.read() or ""
+        buf += chunk
+        seen = buf.splitlines()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    return seen
+
+
+def test_horovod_spark_run_trains_on_four_barrier_tasks(spark):
+    url, tb = spark
+    p = driver(url, "train")
+    out, err = p.communicate(timeout=240)
+    line = next((x for x in out.splitlines() if x.startswith("RESULTS ")), None)
+    assert p.returncode == 0 and line, f"rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    results = json.loads(line.split(" ", 1)[1].rsplit(" ", 1)[0])
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert {r["size"] for r in results} == {4}
+    assert {r["host"] for r in results} == {"h2", "h3"}  # the workers' hosts, two tasks each
+    assert len({round(r["sum"], 6) for r in results}) == 1  # one model: the allreduced steps agree
+    assert settled(tb) == []
+
+
+def test_rank_exception_is_raised_in_the_driver_with_rank_and_host(spark):
+    url, tb = spark
+    p = driver(url, "raise")
+    out, err = p.communicate(timeout=240)
+    line = next((x for x in out.splitlines() if x.startswith("RAISED ")), "")
+    assert p.returncode == 3 and line.startswith("RAISED RankError"), f"{out[-3000:]}\n{err[-3000:]}"
+    assert "rank 3 on h" in line and "ValueError: rank three fails on h" in line
+    assert settled(tb) == []
+
+
+def test_killed_worker_fails_the_job_naming_its_host_and_leaves_nothing(spark):
+    url, tb = spark
+    p = driver(url, "hang")
+    try:
+        seen = ranks_ready(p, 4, 180)
+        assert sum("READY" in x for x in seen) == 4, "\n".join(seen[-20:])
+        victim = spark_testbed.worker_pid("h3")
+        executors = [pid for pid in spark_testbed.executor_pids() if pid in tb.on_host(3, [pid])]
+        assert victim and executors
+        for pid in [victim, *executors]:  # the host's Spark dies: its worker and its executor
+            os.kill(pid, signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 3, f"rc {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+        raised = next((x for x in out.splitlines() if x.startswith("RAISED ")), "")
+        assert "h3" in raised, raised + "\n" + err[-3000:]
+        assert settled(tb, 60) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        spark_testbed.start_worker(tb, 3, wait_s=60)
+
+
+def test_killed_driver_leaves_nothing_on_any_host(spark):
+    url, tb = spark
+    p = driver(url, "hang")
+    try:
+        seen = ranks_ready(p, 4, 180)
+        assert sum("READY" in x for x in seen) == 4, "\n".join(seen[-20:])
+        os.kill(p.pid, signal.SIGKILL)  # the driver alone: its launcher and Spark's JVM must follow
+        p.wait()
+        assert settled(tb, 90) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
