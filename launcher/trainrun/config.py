@@ -139,9 +139,6 @@ class LaunchConfig:
                              "which happens only at launch")
         if self.num_proc is None and self.max_np is None and self.tf_cluster is None:
             raise UsageError("--ray needs -np N (how many bundles to ask Ray for)")
-        if self.elastic:
-            raise UsageError("--ray with --min-np/--max-np/--max-restarts is not supported yet: run the job "
-                             "without them (a lost Ray node then ends it)")
 
     def _check_openmpi(self) -> None:
         """The options `--mpi openmpi` cannot honour, refused (each one line): what they watch does not reach

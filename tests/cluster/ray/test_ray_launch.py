@@ -126,7 +126,33 @@ def test_a_killed_raylet_ends_the_job_naming_the_node(ray_cluster):
         assert code != 0, err
         assert time.monotonic() - killed < 60, err
         assert "10.241.0.4" in err, err  # h3's node, named
-        print(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ray_cluster.restart_node(3)
+    wait_nothing_left(ray_cluster, timeout=60)
+
+
+def test_elastic_a_killed_raylet_resumes_on_the_nodes_left(ray_cluster):
+    """--min-np: the lost node's ranks are not replaced on it; the next attempt runs on the other two nodes."""
+    import os
+    import subprocess
+
+    prog = ("import os, time; c = os.environ['TRAINRUN_RESTART_COUNT']; "
+            "print('up', os.environ['RANK'], c, os.environ['WORLD_SIZE'], flush=True); "
+            "time.sleep(120 if c == '0' else 0)")
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", "--min-np", "2", sys.executable, "-c", prog],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_lines(proc, "up", 6)
+        os.kill(ray_cluster.raylet(3), signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        again = [line.split(":", 1)[1].split() for line in out.splitlines() if ":up " in line]
+        assert sorted(r[1] for r in again if r[2] == "1") == ["0", "1", "2", "3"], (out, err)
+        assert {r[3] for r in again if r[2] == "1"} == {"4"}, out
+        assert "10.241.0.4" in err, err  # the lost node, named
     finally:
         if proc.poll() is None:
             proc.kill()
