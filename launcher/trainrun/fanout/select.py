@@ -2,6 +2,7 @@
 
     -H / --hostfile given           those hosts, over SSH (with --engine slurm: through srun, inside the allocation)
     inside a Slurm allocation       the allocation's hosts and slots, through srun (SLURM_JOB_ID set; auto or slurm)
+    --ray [ADDRESS]                 the nodes where Ray placed one bundle per rank, through actors there (ray_engine.py)
     neither                         this machine, -np slots
 
 The decision and its reason are one value (HostSource) so that --dry-run and --check can say why. Its input
@@ -19,6 +20,7 @@ from trainrun.plan.hosts import Exclusion, HostSpec, apply_exclude
 
 if TYPE_CHECKING:
     from trainrun.fanout.base import FanoutEngine
+    from trainrun.fanout.ray_engine import RayEngine, RayRequest
     from trainrun.slurm.allocation import Allocation
 
 
@@ -26,13 +28,14 @@ class HostRequest(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
     """Where the user said the hosts are: `given` (-H's, --hostfile's or --host-discovery-script's first answer;
     None: none given), `flag` (which of those, for the reason line), `engine` (--engine: auto, ssh, slurm),
     `exclude` (--exclude), `local_np` (-np, else --tf-cluster's task count: this machine's slots when no host
-    is given)."""
+    is given), `ray` (--ray: the placement to ask Ray for; the hosts are then Ray's)."""
 
     given: tuple[HostSpec, ...] | None = None
     flag: str | None = None
     engine: str = "auto"
     exclude: Exclusion = Exclusion()
     local_np: int | None = None
+    ray: RayRequest | None = None
 
 
 class ReachOptions(NamedTuple):  # (not a dataclass: see plan/planner.py's note)
@@ -58,10 +61,11 @@ class HostSource:
     """Where the job's hosts come from, the engine that reaches them and why (host_source's answer)."""
 
     hosts: list[HostSpec]
-    engine: str                  # "ssh", "slurm" or "spark"
+    engine: str                  # "ssh", "slurm", "spark" or "ray"
     reason: str                  # one line, for --dry-run and --check
     default_np: int | None = None
     allocation: Allocation | None = None  # when the hosts or the engine are Slurm's
+    ray: RayEngine | None = None  # --ray: the engine that placed the hosts (it holds their placement group)
 
 
 def host_source(req: HostRequest, environ: Mapping[str, str]) -> HostSource:
@@ -70,6 +74,14 @@ def host_source(req: HostRequest, environ: Mapping[str, str]) -> HostSource:
     if req.given is not None and environ.get("TRAINRUN_SPARK_LINKS"):  # launched by sparkrun/driver.py
         return HostSource(list(req.given), "spark", "hosts from the Spark stage's barrier tasks, reached over the "
                           "sockets they opened to the driver")
+    if req.ray is not None:
+        from trainrun.fanout.ray_engine import RayEngine
+
+        ray = RayEngine(req.ray, environ)
+        hosts = ray.place()
+        return HostSource(hosts, "ray", f"--ray {ray.address}: {req.ray.np} bundle(s) placed by Ray "
+                          f"({req.ray.strategy}) on {len(hosts)} node(s), reached through a Ray actor on each",
+                          ray=ray)
     alloc = None
     if req.engine != "ssh" and ("SLURM_JOB_ID" in environ or "SLURM_JOBID" in environ):
         from trainrun.slurm.allocation import Allocation
@@ -103,6 +115,9 @@ def _kept(specs: list[HostSpec], exclude: Exclusion) -> list[HostSpec]:
 def engine_for(reach: ReachOptions, source: HostSource) -> FanoutEngine:
     """The engine that reaches this job's remote hosts. SSH imports paramiko (only jobs with remote hosts)."""
     python = reach.python or sys.executable
+    if source.ray is not None:
+        source.ray.python, source.ray.strict_python = python, reach.python is not None
+        return source.ray
     if source.engine == "spark":
         import os
 
