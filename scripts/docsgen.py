@@ -132,6 +132,8 @@ ENV: dict[str, tuple[str, str]] = {
                                        "`UnknownError`; each graph collective is one blocking node)"),
     "TRAINRUN_RUN_REMOTE_RESULT_MB": ("launcher", "trainrun.run, in the caller's environment: the most MiB (pickled) a rank on "
                                                   "another host may return (default 64)"),
+    "HOROVOD_SPARK_START_TIMEOUT": ("launcher", "horovod.spark.run / trainrun.run(spark=...): seconds for the stage's "
+                                                "tasks to connect when `start_timeout` is not given (default 600)"),
     "HOROVOD_START_TIMEOUT": ("launcher", "horovodrun: `--start-timeout` when the option is not given"),
     "HOROVOD_ELASTIC_TIMEOUT": ("launcher", "horovodrun: `--elastic-timeout` when the option is not given"),
     # between trainrun's own processes
@@ -140,6 +142,8 @@ ENV: dict[str, tuple[str, str]] = {
     "TRAINRUN_STACKS_DIR": ("internal", "the job's stack-file directory on the rank's host, for its faulthandler file (made "
                                         "with the host's first rank, removed at the end)"),
     "TRAINRUN_WARM_PAD": ("internal", "room in a warm spare's environment for the next attempt's variables"),
+    "TRAINRUN_SPARK_LINKS": ("internal", "trainrun.run(spark=...): the Spark tasks' authenticated sockets the launcher "
+                                         "inherits (`host=fd,...`)"),
     "TRAINRUN_RUN_SOCKET": ("internal", "trainrun.run: the caller's socket for return values"),
     "TRAINRUN_RUN_FILE": ("internal", "trainrun.run: a big call's file (jobs on this machine)"),
     "TRAINRUN_RUN_NONCE": ("internal", "trainrun.run: marks a remote rank's result lines"),

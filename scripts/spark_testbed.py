@@ -79,7 +79,11 @@ def driver_conf(executors: int = 2) -> dict[str, str]:
 def _env() -> dict[str, str]:
     home = spark_home()
     assert home is not None
-    return {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": python(), "SPARK_NO_DAEMONIZE": "1",
+    # SPARK_SCALA_VERSION: the worker's command builder asks for it before it looks in SPARK_HOME/jars (a
+    # distribution's scripts set it; pyspark's folder has the jars but not those scripts' environment)
+    scala = next(home.glob("jars/spark-core_*.jar")).name.split("_")[1].split("-")[0]
+    return {**os.environ, "SPARK_HOME": str(home), "SPARK_SCALA_VERSION": scala, "PYSPARK_PYTHON": python(),
+            "SPARK_NO_DAEMONIZE": "1",
             "SPARK_LOG_DIR": str(STATE_DIR / "log")}
 
 

@@ -17,6 +17,7 @@
 """
 from __future__ import annotations
 
+import os
 import secrets
 import socket
 import sys
@@ -35,7 +36,7 @@ class SparkStartError(RuntimeError):
     """The stage's tasks did not all connect (runfunc raises it as a RunError)."""
 
 
-DEFAULT_START_TIMEOUT_S = 600.0  # Horovod's (HOROVOD_SPARK_START_TIMEOUT)
+DEFAULT_START_TIMEOUT_S = 600.0  # Horovod's, also when HOROVOD_SPARK_START_TIMEOUT (seconds) does not say
 HANDSHAKE_TIMEOUT_S = 10.0
 STAGE_END_WAIT_S = 30.0
 
@@ -45,8 +46,6 @@ def spark_context(spark):
     a session is got or created with this Python as the workers' Python)."""
     if isinstance(spark, str):
         from pyspark.sql import SparkSession
-
-        import os
 
         # the workers' Python: this one unless PYSPARK_PYTHON says (a local master reads only the variable)
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -159,7 +158,8 @@ def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list],
     ok = False
     try:
         try:
-            hosts = accept_hosts(listener, secret, num_proc, start_timeout or DEFAULT_START_TIMEOUT_S, stage)
+            timeout = start_timeout or float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or DEFAULT_START_TIMEOUT_S)
+            hosts = accept_hosts(listener, secret, num_proc, timeout, stage)
         finally:
             listener.close()
         hello_nics = {h.nic for _, h in hosts.values()}
