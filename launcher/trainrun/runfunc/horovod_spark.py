@@ -85,8 +85,9 @@ def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_
                 elastic_timeout=None, reset_limit=None, env=None, stdout=None, stderr=None, verbose=1, nics=None,
                 prefix_output_with_timestamp=False, min_np=None, max_np=None):
     """Horovod's `horovod.spark.run_elastic`: `run` through trainrun's elastic loop (--min-np/--max-np, and
-    --max-restarts from reset_limit) over the stage's tasks: a rank that fails is restarted within the same
-    hosts. The stage's hosts do not change: Spark ends a barrier stage when one of its tasks is lost."""
+    --max-restarts from reset_limit) over the stage's tasks: after a rank fails the next attempt runs on the
+    hosts left (the failed rank's host sits out, trainrun's elastic rule). The stage's hosts never come back
+    or grow: Spark ends a barrier stage when one of its tasks is lost."""
     min_np = min_num_proc if min_num_proc is not None else min_np
     max_np = max_num_proc if max_num_proc is not None else max_np
     from trainrun.runfunc.api import run_spark

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def driver(url: str, mode: str) -> subprocess.Popen:
 def job_left(tb) -> list[str]:
     """trainrun's agents and ranks in any host, the launcher in the root namespace, /dev/shm files of
     trainrun in any host."""
-    procs = [f"{pid} {cmd[:100]}" for pid, cmd in spark_testbed.spark_processes().items() if "trainrun" in cmd]
+    procs = [f"{pid} {cmd[:100]}" for pid, cmd in spark_testbed.spark_processes().items() if "-m trainrun" in cmd]
     procs += [f"{pid} (launcher, root ns)" for pid in spark_testbed.testbed.procs_with("trainrun.runfunc.task")
               if _spark_launcher(pid)]
     for h in tb.hosts:
@@ -54,19 +55,33 @@ def settled(tb, timeout: float = 30.0) -> list[str]:
     return left
 
 
-def ranks_ready(proc, n: int, timeout: float) -> list[str]:
-    seen: list[str] = []
+def read_lines(proc) -> list[str]:
+    """proc's stdout lines as they come (a thread appends them; another keeps its stderr's tail, so that the
+    driver never blocks on a full pipe)."""
+    lines: list[str] = []
+    proc.err_tail = []
+
+    def pump():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+
+    def pump_err():
+        for line in proc.stderr:
+            proc.err_tail.append(line)
+            del proc.err_tail[:-50]
+
+    threading.Thread(target=pump, daemon=True).start()
+    threading.Thread(target=pump_err, daemon=True).start()
+    return lines
+
+
+def ranks_ready(proc, lines: list[str], n: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    os.set_blocking(proc.stdout.fileno(), False)
-    buf = ""
-    while time.monotonic() < deadline and sum("READY" in line for line in seen) < n:
-        chunk = proc.stdout.read() or ""
-        buf += chunk
-        seen = buf.splitlines()
-        if proc.poll() is not None:
-            break
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum("READY" in line for line in lines) >= n:
+            return True
         time.sleep(0.2)
-    return seen
+    return False
 
 
 def test_horovod_spark_run_trains_on_four_barrier_tasks(spark):
@@ -97,16 +112,15 @@ def test_killed_worker_fails_the_job_naming_its_host_and_leaves_nothing(spark):
     url, tb = spark
     p = driver(url, "hang")
     try:
-        seen = ranks_ready(p, 4, 180)
-        assert sum("READY" in x for x in seen) == 4, "\n".join(seen[-20:])
+        lines = read_lines(p)
+        assert ranks_ready(p, lines, 4, 180), "\n".join(lines[-20:])
         victim = spark_testbed.worker_pid("h3")
-        executors = [pid for pid in spark_testbed.executor_pids() if pid in tb.on_host(3, [pid])]
-        assert victim and executors
-        for pid in [victim, *executors]:  # the host's Spark dies: its worker and its executor
-            os.kill(pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 3, f"rc {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
-        raised = next((x for x in out.splitlines() if x.startswith("RAISED ")), "")
+        assert victim and tb.on_host(3, list(spark_testbed.executor_pids()))
+        os.kill(victim, signal.SIGKILL)  # the worker alone: its executor, the task and the agent must follow
+        p.wait(timeout=120)
+        err = "".join(p.err_tail)
+        assert p.returncode == 3, f"rc {p.returncode}\n{lines[-20:]}\n{err[-3000:]}"
+        raised = next((x for x in lines if x.startswith("RAISED ")), "")
         assert "h3" in raised, raised + "\n" + err[-3000:]
         assert settled(tb, 60) == []
     finally:
@@ -120,8 +134,8 @@ def test_killed_driver_leaves_nothing_on_any_host(spark):
     url, tb = spark
     p = driver(url, "hang")
     try:
-        seen = ranks_ready(p, 4, 180)
-        assert sum("READY" in x for x in seen) == 4, "\n".join(seen[-20:])
+        lines = read_lines(p)
+        assert ranks_ready(p, lines, 4, 180), "\n".join(lines[-20:])
         os.kill(p.pid, signal.SIGKILL)  # the driver alone: its launcher and Spark's JVM must follow
         p.wait()
         assert settled(tb, 90) == []
