@@ -120,7 +120,7 @@ class LaunchConfig:
             if self.ray_strategy != "pack" or self.cpus_per_proc is not None:
                 raise UsageError("--ray-strategy and --cpus-per-proc go with --ray (Ray's placement of the ranks)")
             return
-        if not _looks_like_address(self.ray):
+        if not looks_like_ray_address(self.ray):
             raise UsageError(f"--ray {self.ray}: not a Ray address (auto, HOST:PORT or ray://HOST:PORT); to use the "
                              f"default address put --ray before another option, e.g. trainrun --ray -np 4 {self.ray}")
         if self.hosts is not None or self.host_discovery_script:
@@ -242,7 +242,7 @@ def parse_config(command: Sequence[str], *, hosts: str | None = None, hostfile: 
                         show_ranks=_parse_shown(show_ranks), export=tuple(parse_export(x) for x in export), **typed)
 
 
-def _looks_like_address(text: str) -> bool:
+def looks_like_ray_address(text: str) -> bool:
     """A Ray address as ray.init takes it: auto, local, HOST:PORT, or a scheme such as ray://HOST:PORT."""
     return text in ("auto", "local") or "://" in text or (":" in text and text.rsplit(":", 1)[1].isdigit())
 

@@ -80,7 +80,7 @@ def test_which_finds_what_shutil_which_finds(name, tmp_path, monkeypatch):
 def test_a_plain_local_launch_imports_none_of_these():
     """Nor the click command, nor the straggler watch (no rank sent a window summary)."""
     heavy = ["click", "shutil", "ctypes", "statistics", "json", "ipaddress", "uuid", "trainrun.cli.command",
-             "trainrun.supervisor.straggler", "paramiko", "mpi4py", "numpy", "torch"]
+             "trainrun.supervisor.straggler", "paramiko", "mpi4py", "numpy", "torch", "ray"]
     code = textwrap.dedent(f"""
         import atexit, sys
         atexit.register(lambda: print("imported:", sorted(m for m in {heavy!r} if m in sys.modules), file=sys.stderr))

@@ -189,6 +189,29 @@ def cli(command: tuple[str, ...], json_: bool, **options: Any) -> int:
     return launch_options(command, json_, options)
 
 
+def ray_default_address(argv: list[str]) -> list[str]:
+    """`argv` with `--ray` given its default ADDRESS (auto) where the word after it is the program, not an
+    address (`trainrun -np 4 --ray train.py`): click would take the program for the option's value."""
+    from trainrun.config import looks_like_ray_address
+
+    arity = None
+    for i, word in enumerate(argv):
+        if word == "--":
+            return argv
+        if word == "--ray":
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            if nxt and not nxt.startswith("-") and not looks_like_ray_address(nxt):
+                return [*argv[:i + 1], "auto", *argv[i + 1:]]
+            return argv
+        if not word.startswith("-"):
+            if i == 0 or not argv[i - 1].startswith("-") or "=" in argv[i - 1]:
+                return argv  # the program: options end here
+            arity = arity or _option_arity()
+            if not arity.get(argv[i - 1], False):
+                return argv
+    return argv
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """The command line read by click (the plain form is also read without it: simple.py, the process's entry
     point in __init__.py), run; exits with the code."""
@@ -198,7 +221,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         if argv and argv[0] == "--sbatch":
             code = _submit(argv[1:])
         else:
-            code = cli.main(args=argv, prog_name="trainrun", standalone_mode=False)
+            code = cli.main(args=ray_default_address(argv) if "--ray" in argv else argv, prog_name="trainrun",
+                            standalone_mode=False)
     except click.exceptions.Abort:
         code = 130
     except click.ClickException as err:

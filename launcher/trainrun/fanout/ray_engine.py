@@ -76,6 +76,33 @@ def resolve_address(address: str, environ: dict[str, str] | Any) -> str:
     return (environ.get("RAY_ADDRESS") or "auto") if address == "auto" else address
 
 
+def gcs_endpoint(address: str, current_cluster: str = "/tmp/ray/ray_current_cluster") -> tuple[str, int] | None:
+    """(host, port) that `address` names (for "auto": the file the cluster on this machine wrote), or None when
+    there is none to check (ray.init then says so at once: "local", no cluster here). Pure but for that file."""
+    if address == "auto":
+        try:
+            with open(current_cluster) as f:
+                address = f.read().strip()
+        except OSError:
+            return None
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """HostError (one line) unless `address`'s port answers within `timeout` s: ray.init retries an address
+    that does not answer for minutes, logging as it goes."""
+    endpoint = gcs_endpoint(address)
+    if endpoint is None:
+        return
+    try:
+        socket.create_connection(endpoint, timeout=timeout).close()
+    except OSError as err:
+        raise HostError("ray", "connect", f"{address}: {endpoint[0]}:{endpoint[1]} does not answer "
+                        f"({err.strerror or err})", hint="is Ray up there (ray status)? pass --ray HOST:6379 or set "
+                        "RAY_ADDRESS") from None
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
@@ -114,6 +141,7 @@ class RayEngine:
     def _connect(self) -> Any:
         import logging
 
+        check_reachable(self.address, self.req.timeout)
         import ray
 
         try:
