@@ -8,8 +8,8 @@ ratio. The table is markdown for docs/benchmarks/spark.md.
 
 Without --master it brings up the simulated hosts and scripts/spark_testbed.py's cluster (master in h1, a worker
 of 2 cores in h2 and h3; root, like every testbed), runs the driver in the root namespace, and takes all of it
-down at the end. TorchDistributor needs pyspark's ml extra: `pip install "pyspark[ml]==4.3.0"` (setup.cfg's
-`bench` extra: `pip install -e '.[bench]'`); the script says so and measures trainrun alone when it is missing.
+down at the end. TorchDistributor needs pyspark's ml and sql extras (numpy; pandas and pyarrow for its mapInArrow stage):
+`pip install "pyspark[ml,sql]==4.3.0"` (setup.cfg's `bench` extra: `pip install -e '.[bench]'`); the script says so and measures trainrun alone when it is missing.
 """
 from __future__ import annotations
 
@@ -96,10 +96,12 @@ def ddp_train(t0: float, steps: int) -> dict:
 def torch_distributor():
     """TorchDistributor, or None with the line that says how to install it."""
     try:
+        import pandas  # noqa: F401  (TorchDistributor runs its stage through mapInArrow: pandas and pyarrow)
+        import pyarrow  # noqa: F401
         from pyspark.ml.torch.distributor import TorchDistributor
     except ImportError as err:
         print(f"bench_spark: TorchDistributor unavailable ({err}); install it with "
-              "`pip install \"pyspark[ml]==4.3.0\"` (or `pip install -e '.[bench]'`); measuring trainrun alone",
+              "`pip install \"pyspark[ml,sql]==4.3.0\"` (or `pip install -e '.[bench]'`); measuring trainrun alone",
               file=sys.stderr)
         return None
     return TorchDistributor
