@@ -179,7 +179,8 @@ def main() -> int:
         session.sparkContext.setLogLevel("ERROR")
         names = ["trainrun"] + (["TorchDistributor"] if torch_distributor() else [])
         rows: dict[str, list[dict]] = {n: [] for n in names}
-        run_round("trainrun", a.np, 5)  # warm-up: executors' Python workers, imports
+        for name in names:  # warm-up, each: the executors' Python workers and imports
+            run_round(name, a.np, 5)
         for r in range(a.rounds):
             for name in (names if r % 2 == 0 else names[::-1]):
                 got = run_round(name, a.np, a.steps)
