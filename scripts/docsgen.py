@@ -399,6 +399,11 @@ NAME_LISTS = (  # (Horovod module, trainrun module, test file, list variable(s),
     ("horovod.tensorflow.keras.callbacks", "trainrun.tensorflow.keras", "tests/tensorflow/workers/tf_horovod.py",
      ("HOROVOD_CALLBACKS",), "callbacks"),
     ("horovod.keras.callbacks", "trainrun.keras", "tests/tensorflow/workers/tf_horovod.py", ("HOROVOD_CALLBACKS",), "callbacks"),
+    ("horovod.ray", "trainrun.rayexec.horovod_api", "tests/ray/test_horovod_ray_names.py", ("HOROVOD_RAY",), ""),
+    ("horovod.ray.RayExecutor", "trainrun.rayexec.horovod_api", "tests/ray/test_horovod_ray_names.py",
+     ("HOROVOD_RAY_EXECUTOR",), "RayExecutor"),
+    ("horovod.ray.ray_logger", "trainrun.rayexec.ray_logger", "tests/ray/test_horovod_ray_names.py",
+     ("HOROVOD_RAY_LOGGER",), ""),
 )
 
 
@@ -466,7 +471,7 @@ def start_coverage() -> None:
         return
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONWARNINGS": "ignore"}
     for group, first in (("torch", ""), ("tensorflow", "tensorflow")):
-        lists = [(mod, alias.rsplit(".callbacks", 1)[0], attr, horovod_names(test_file, variables))
+        lists = [(mod, alias.removesuffix(f".{attr}") if attr else alias, attr, horovod_names(test_file, variables))
                  for alias, mod, test_file, variables, attr in NAME_LISTS if _group(mod) == group]
         _checks[group] = subprocess.Popen([sys.executable, "-c", _CHECK, first, json.dumps(lists)], env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

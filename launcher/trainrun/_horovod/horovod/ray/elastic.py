@@ -1,4 +1,4 @@
 """horovod.ray.elastic: the deprecated ElasticRayExecutor (Horovod 0.25), over trainrun's elastic launch."""
-from . import ElasticRayExecutor
+from trainrun.rayexec.horovod_api import ElasticRayExecutor
 
 __all__ = ["ElasticRayExecutor"]
