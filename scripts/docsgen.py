@@ -149,6 +149,9 @@ ENV: dict[str, tuple[str, str]] = {
     "TRAINRUN_RUN_NONCE": ("internal", "trainrun.run: marks a remote rank's result lines"),
     "TRAINRUN_RUN_PIECES": ("internal", "trainrun.run: how many `TRAINRUN_RUN_PIECE_<i>` variables hold the call"),
     "TRAINRUN_RUN_PIECE_": ("internal", "trainrun.run: the pickled call, base64, 100 kB each"),
+    "TRAINRUN_RAYEXEC_ADDRESS": ("internal", "horovod.ray: the driver's Ray cluster (GCS address), which an executor's "
+                                             "workers join to reach its mailbox actor"),
+    "TRAINRUN_RAYEXEC_MAILBOX": ("internal", "horovod.ray: the name (and namespace) of the executor's mailbox actor"),
     "TRAINRUN_TEST_COMMIT_HOOK": ("internal", "a test hook of the committed-state writer"),
 }
 
