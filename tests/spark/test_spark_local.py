@@ -34,6 +34,23 @@ def session():
         yield s
     finally:
         s.stop()
+        _end_jvm()
+
+
+def _end_jvm():
+    """The JVM pyspark started for this process ends too (stop() keeps it for a next session): it leaves when
+    its stdin closes."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        proc.stdin.close()
+        proc.wait(30)
+    SparkContext._gateway = SparkContext._jvm = None
 
 
 def _agents_left() -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import secrets
 import socket
 import threading
+import time
 
 import pytest
 
@@ -86,3 +87,54 @@ def test_bad_links_variable(text):
 
 def test_links_round_trip():
     assert parse_links(format_links({"h2": 5, "h3-10.0.0.4": 7})) == {"h2": 5, "h3-10.0.0.4": 7}
+
+
+def test_the_driver_drops_a_connection_without_the_secret_and_takes_the_next(capsys):
+    """sparkrun/driver.accept_hosts on a real listener: an impostor is dropped with one line naming its address
+    (never the secret), the task that knows the secret is taken, and the listener stops once the Hello's host
+    count is in."""
+    from trainrun.sparkrun.driver import accept_hosts
+
+    class Stage:  # the barrier stage, still running (accept_hosts only reads its error)
+        error = None
+
+    key = secrets.token_bytes(32)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def client(secret: bytes):
+        s = socket.create_connection(("127.0.0.1", port))
+        try:
+            task_handshake(s, secret, secrets.token_bytes(32), Hello("h9", 2, 1, None))
+        except AuthError:
+            s.close()
+            return
+        s.recv(1)  # holds the connection until the driver closes it
+        s.close()
+
+    bad = threading.Thread(target=client, args=(secrets.token_bytes(32),))
+    bad.start()
+    deadline = time.monotonic() + 5
+    while bad.is_alive() and time.monotonic() < deadline and not _queued(listener):
+        time.sleep(0.01)  # the impostor is first in the listener's queue
+    good = threading.Thread(target=client, args=(key,))
+    good.start()
+    try:
+        got = accept_hosts(listener, key, 2, 10.0, Stage())
+    finally:
+        listener.close()
+    assert list(got) == ["h9"] and got["h9"][1].slots == 2
+    for conn, _ in got.values():
+        conn.close()
+    good.join(5)
+    bad.join(5)
+    err = capsys.readouterr().err
+    assert "trainrun: spark: dropped a connection from 127.0.0.1: the peer does not know the job's secret" in err
+    assert key.hex() not in err
+
+
+def _queued(listener: socket.socket) -> bool:
+    """A connection waits in the listener's accept queue (select says it is readable)."""
+    import select
+
+    return bool(select.select([listener], [], [], 0)[0])
