@@ -137,3 +137,18 @@ def test_horovod_spark_run_with_its_signature_and_notes(session, capsys):
     err = capsys.readouterr().err
     assert "horovod.spark.run: --gloo: the ranks run in trainrun's MPI world" in err
     assert "horovod.spark.run: --mpi-args: --mca btl tcp,self has no effect" in err
+
+
+def test_bad_input_is_one_line_before_any_stage(session, monkeypatch):
+    import trainrun
+    from trainrun.errors import UsageError
+
+    monkeypatch.setenv("HOROVOD_SPARK_START_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match=r"^HOROVOD_SPARK_START_TIMEOUT='soon': want seconds > 0 \(or unset it\)$"):
+        trainrun.run(_rank, spark=session)
+    monkeypatch.delenv("HOROVOD_SPARK_START_TIMEOUT")
+    with pytest.raises(UsageError, match="spark= places the ranks itself: drop hosts"):
+        trainrun.run(_rank, spark=session, hosts="h1:2")
+    with pytest.raises(UsageError, match="spark=: want a SparkSession, a SparkContext or a master URL, got int"):
+        trainrun.run(_rank, spark=4)
+    assert session.sparkContext.statusTracker().getJobIdsForGroup(None) == []

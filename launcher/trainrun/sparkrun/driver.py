@@ -134,6 +134,20 @@ def accept_hosts(listener: socket.socket, secret: bytes, num_proc: int, timeout:
     return got
 
 
+def _env_timeout() -> float:
+    """HOROVOD_SPARK_START_TIMEOUT's seconds, else DEFAULT_START_TIMEOUT_S; UsageError for another value."""
+    text = os.environ.get("HOROVOD_SPARK_START_TIMEOUT")
+    if not text:
+        return DEFAULT_START_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise UsageError(f"HOROVOD_SPARK_START_TIMEOUT={text!r}: want seconds > 0 (or unset it)")
+    return value
+
+
 def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list], check_argv: Callable[[list[str]], None],
                  num_proc: int | None = None, start_timeout: float | None = None, option_argv: Sequence[str] = (),
                  nics: str | None = None, executable: str | None = None, out=None, err=None) -> list:
@@ -149,6 +163,7 @@ def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list],
     if num_proc < 1:
         raise UsageError(f"spark: num_proc must be >= 1, got {num_proc}")
     check_argv([*option_argv, "-np", str(num_proc)])
+    timeout = start_timeout or _env_timeout()
     address = sc.getConf().get("spark.driver.host") or socket.gethostname()
     secret = secrets.token_bytes(32)
     listener = socket.create_server((address, 0))
@@ -158,7 +173,6 @@ def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list],
     ok = False
     try:
         try:
-            timeout = start_timeout or float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT") or DEFAULT_START_TIMEOUT_S)
             hosts = accept_hosts(listener, secret, num_proc, timeout, stage)
         finally:
             listener.close()
@@ -167,7 +181,12 @@ def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list],
         argv = [*option_argv, "-np", str(num_proc), "-H", ",".join(f"{n}:{h.slots}" for n, (_, h) in hosts.items())]
         if nic:
             argv += ["--network-interface", nic]
-        check_argv(argv)
+        try:
+            check_argv(argv)
+        except BaseException:
+            for conn, _ in hosts.values():
+                conn.close()
+            raise
         fds = {name: conn.detach() for name, (conn, _) in hosts.items()}
         values = launch_call(func, args, kwargs, argv, local=False, executable=executable, out=out, err=err,
                              env={ENV_LINKS: format_links(fds)}, pass_fds=tuple(fds.values()))
