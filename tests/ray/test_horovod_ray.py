@@ -85,6 +85,9 @@ def test_executor_calls_keep_workers_and_return_rank_ordered_values():
     assert line.startswith("rank 1 on ") and "bad shard on this worker" in line
     # fail fast: the workers are gone after it, and a later call says so instead of hanging
     assert s["after_error"][0] == "RunError" and "rank 1" in s["after_error"][1], s["after_error"]
+    # a worker that dies fails the call at once (the launcher's end), naming it, after a restart of the executor
+    assert s["died"][0] == "RunError" and "rank 1 on " in s["died"][1] and "code 9" in s["died"][1], s["died"]
+    assert s["died_s"] < 30, s["died_s"]
     assert s["actors_left"] == []  # shutdown() removed the mailbox
 
 

@@ -54,6 +54,12 @@ def the_same_world_again():
     return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
 
 
+def dies_on_rank_1():
+    if int(os.environ["RANK"]) == 1:
+        os._exit(9)  # a worker gone without a word (killed, its node lost)
+    time.sleep(600)  # the others would wait for it in a collective
+
+
 def fails_on_rank_1():
     if int(os.environ["RANK"]) == 1:
         raise ValueError("bad shard on this worker")
@@ -93,6 +99,15 @@ if __name__ == "__main__":
         executor.run(fails_on_rank_1)
     except Exception as err:
         say("after_error", [type(err).__name__, str(err).splitlines()[0]])
+    executor.shutdown()
+    executor.start()  # the same executor again, fresh workers
+    t0 = time.monotonic()
+    try:
+        executor.run(dies_on_rank_1)
+        say("died", None)
+    except Exception as err:  # trainrun.RunError, not a hang
+        say("died", [type(err).__name__, str(err).splitlines()[0]])
+    say("died_s", time.monotonic() - t0)
     executor.shutdown()
     from ray.util import list_named_actors
 
