@@ -115,7 +115,12 @@ class RayCluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _start_node(self, i)
+        try:
+            _start_node(self, i)
+        except RayError:  # Ray gives a raylet 30 s to register, too short for a loaded machine: once more
+            for pid, _cmd in ray_processes(self.tb, i):
+                os.kill(pid, signal.SIGKILL)
+            _start_node(self, i)
         _wait_alive(self)
 
 

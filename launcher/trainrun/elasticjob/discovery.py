@@ -10,6 +10,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 
 from trainrun import log
 from trainrun.errors import UsageError
@@ -95,21 +96,23 @@ class LiveHosts:
     launch). With `script`, it runs again every DISCOVERY_EVERY s from then on, and `current()` is its latest
     good answer (a failing run keeps the previous answer and logs a warning)."""
 
-    def __init__(self, first: list[HostSpec] | None = None, script: str | None = None):
+    def __init__(self, first: list[HostSpec] | None = None, script: str | None = None,
+                 poll: Callable[[], list[HostSpec]] | None = None):
+        """`poll`: asked instead of a script (the Ray engine's placement group: `--ray`), on the same thread."""
         self.script = script
+        self._poll = poll
         self._hosts = list(first or [])
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if script:
+        if script or poll:
             self._thread = threading.Thread(target=self._loop, name="trainrun-discovery", daemon=True)
             self._thread.start()
 
     def _loop(self) -> None:
-        assert self.script is not None  # the loop runs only for a discovery script
         while not self._stop.wait(DISCOVERY_EVERY):
             try:
-                hosts = run_script(self.script)
+                hosts = self._poll() if self._poll is not None else run_script(str(self.script))
             except UsageError as err:
                 log.warning("%s", err)
                 continue

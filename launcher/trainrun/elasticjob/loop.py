@@ -287,7 +287,8 @@ def run_elastic(spec: LaunchSpec) -> int:
     first attempt are the spec's (a discovery script's first answer, run once by the launch step); the script
     runs again from then on (LiveHosts)."""
     assert spec.elastic is not None  # launch() runs this loop for elastic launches only
-    source = LiveHosts(spec.hosts.hosts, spec.discovery_script)
+    ray = spec.hosts.ray  # --ray: the hosts over time are its placement group's
+    source = LiveHosts(spec.hosts.hosts, spec.discovery_script, poll=ray.current_hosts if ray is not None else None)
     try:
         if any(h.is_local for h in source.current()):
             from trainrun.plan.program import check_local_program

@@ -30,7 +30,7 @@ import socket
 import threading
 from typing import Any, NamedTuple
 
-from trainrun.errors import HostError
+from trainrun.errors import HostError, UsageError
 from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
 from trainrun.plan.hosts import HostSpec
 
@@ -121,6 +121,9 @@ class RayEngine:
         self._ray: Any = None
         self._pg: Any = None
         self._actors: dict[str, Any] = {}     # host -> its agent's actor
+        self._actor_node: dict[str, str] = {}  # host -> the node id its actor was started on
+        self._placed: dict[str, tuple[str, list[int]]] = {}  # host -> (node id, bundle indices) as last read
+        self._lock = threading.Lock()
         self._holders: list[Any] = []         # the GPU bundles' actors
         self._gpus: dict[str, list[str]] = {}  # host -> GPU ids Ray gave its bundles
         self._ips: dict[str, str] = {}
@@ -156,7 +159,7 @@ class RayEngine:
 
     def _place(self) -> list[HostSpec]:
         ray = self._connect()
-        from ray.util import placement_group, placement_group_table
+        from ray.util import placement_group
 
         req = self.req
         bundles = bundles_for(req)
@@ -168,19 +171,38 @@ class RayEngine:
                             f"{PLACE_TIMEOUT_S:g} s; free now: CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g} "
                             f"on {len([n for n in ray.nodes() if n['Alive']])} node(s)",
                             hint="lower -np, --cpus-per-proc or --gpus-per-proc, or use --ray-strategy pack")
-        table = placement_group_table(self._pg)
-        node_ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        placed = hosts_of({int(i): n for i, n in table["bundles_to_node_id"].items()}, node_ips)
+        placed = self._read_placement()
         hosts = []
-        for name, _node, indices in placed:
-            self._ips[name] = node_ips.get(_node, name)
-            self._actors[name] = self._actor(indices[0], gpus=req.gpus_per_proc)
+        for name, node, indices in placed:
+            self._actors[name], self._actor_node[name] = self._actor(indices[0], gpus=req.gpus_per_proc), node
             hosts.append(HostSpec(name, len(indices), via="ray"))
             if req.gpus_per_proc:
                 self._holders += [self._actor(i, gpus=req.gpus_per_proc) for i in indices[1:]]
         if req.gpus_per_proc:
             self._gather_gpus(placed)
         return hosts
+
+    def _read_placement(self) -> list[tuple[str, str, list[int]]]:
+        """The group's bundles on the nodes alive now, per host (hosts_of), remembered for reach()."""
+        from ray.util import placement_group_table
+
+        ray = self._ray
+        alive = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        table = placement_group_table(self._pg)
+        placed = hosts_of({int(i): n for i, n in table["bundles_to_node_id"].items() if n in alive}, alive)
+        with self._lock:
+            self._placed = {name: (node, indices) for name, node, indices in placed}
+            self._ips.update({name: alive[node] for name, node, _ in placed})
+        return placed
+
+    def current_hosts(self) -> list[HostSpec]:
+        """The hosts the placement group has now (an elastic job's discovery, polled from a thread): a dead
+        node's bundles are gone from it, and come back where Ray places them again (a node that joined)."""
+        try:
+            placed = self._read_placement()
+        except Exception as err:  # noqa: BLE001 - Ray busy or gone: the last answer stands (LiveHosts)
+            raise UsageError(f"--ray: cannot read the placement group: {_first_line(err)}") from None
+        return [HostSpec(name, len(indices), via="ray") for name, _node, indices in placed]
 
     def _actor(self, bundle: int, gpus: int) -> Any:
         import ray
@@ -205,9 +227,18 @@ class RayEngine:
     # -- FanoutEngine --
 
     def reach(self, hosts: list[HostSpec]) -> dict[str, HostError]:
-        return {h.name: HostError(h.name, "ray", "not a node of this job's placement group",
-                                  hint="with --ray the hosts come from Ray; drop -H/--hostfile")
-                for h in hosts if h.name not in self._actors}
+        """A host whose node has no live actor of ours (a node Ray placed bundles on after the start, or a new
+        node at a lost one's IP) gets one, in its first bundle there."""
+        failed = {}
+        for h in hosts:
+            with self._lock:
+                node, indices = self._placed.get(h.name, ("", []))
+            if not node:
+                failed[h.name] = HostError(h.name, "ray", "no bundle of this job's placement group there now",
+                                           hint="with --ray the hosts come from Ray; drop -H/--hostfile")
+            elif self._actor_node.get(h.name) != node:
+                self._actors[h.name], self._actor_node[h.name] = self._actor(indices[0], gpus=self.req.gpus_per_proc), node
+        return failed
 
     def _key(self, what: str) -> str:
         self._keys += 1

@@ -159,3 +159,63 @@ def test_elastic_a_killed_raylet_resumes_on_the_nodes_left(ray_cluster):
             proc.wait()
         ray_cluster.restart_node(3)
     wait_nothing_left(ray_cluster, timeout=60)
+
+
+def test_hang_timeout_takes_every_ranks_stack_through_the_agents(ray_cluster):
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "6", "--hang-timeout", "5", sys.executable, "-c", SLEEP],
+                        cwd=REPO, timeout=120)
+    assert p.returncode == 124, p.stderr[-3000:]
+    assert "stacks of 6 rank(s)" in p.stderr and "ranks 0-5: <module> (<string>:1)" in p.stderr, p.stderr[-3000:]
+    wait_nothing_left(ray_cluster)
+
+
+ELASTIC_IDLE = """
+import time
+import trainrun.torch as hvd
+
+hvd.init()
+state = hvd.elastic.ObjectState(step=0)
+
+
+@hvd.elastic.run
+def train(state):
+    if hvd.rank() == 0:
+        print(f"attempt {hvd.elastic.restart_count()}: {hvd.size()} ranks", flush=True)
+    while True:
+        time.sleep(0.2)
+        state.step += 1
+        state.commit()
+
+
+train(state)
+"""
+
+
+def test_elastic_a_node_that_joins_again_brings_the_job_back_to_full_size(ray_cluster, tmp_path):
+    """h3's raylet killed: the job goes on as 4 ranks; h3's node started again: Ray places the group's two lost
+    bundles there, the engine's discovery (the placement group) sees it, and after its cool-down the ranks reset
+    at a commit onto 6 ranks again."""
+    import os
+    import subprocess
+
+    prog = tmp_path / "elastic_idle.py"  # an elastic program that mostly sleeps: a node must start meanwhile
+    prog.write_text(ELASTIC_IDLE)
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", "--min-np", "2", "--blacklist-cooldown-range", "1", "2",
+                                 sys.executable, prog],
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=(tmp_path / "err").open("w"), text=True)
+    try:
+        _wait_for_lines(proc, ": 6 ranks", 1, timeout=120)
+        os.kill(ray_cluster.raylet(3), signal.SIGKILL)
+        _wait_for_lines(proc, ": 4 ranks", 1, timeout=120)
+        ray_cluster.restart_node(3)
+        _wait_for_lines(proc, ": 6 ranks", 1, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        err = (tmp_path / "err").read_text()
+        assert proc.returncode == 130, err
+        assert "10.241.0.4" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    wait_nothing_left(ray_cluster, timeout=60)
