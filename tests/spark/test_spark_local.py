@@ -152,3 +152,38 @@ def test_bad_input_is_one_line_before_any_stage(session, monkeypatch):
     with pytest.raises(UsageError, match="spark=: want a SparkSession, a SparkContext or a master URL, got int"):
         trainrun.run(_rank, spark=4)
     assert session.sparkContext.statusTracker().getJobIdsForGroup(None) == []
+
+
+def _wait_forever(folder):
+    import os
+    import time
+
+    open(os.path.join(folder, os.environ["RANK"]), "w").close()
+    time.sleep(600)
+
+
+def test_a_stage_cancelled_mid_job_ends_the_job_and_leaves_nothing(session, tmp_path):
+    """Spark ends the stage (here: the application cancels its jobs, as a scheduler or a user would): the
+    tasks' agents go with their tasks, or the driver stops the launcher after STAGE_FAIL_GRACE_S."""
+    import threading
+
+    import trainrun
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 120
+        while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        session.sparkContext.cancelAllJobs()
+
+    canceller = threading.Thread(target=cancel_when_running, daemon=True)
+    canceller.start()
+    t0 = time.monotonic()
+    with pytest.raises(trainrun.RunError):
+        trainrun.run(_wait_forever, args=(str(tmp_path),), spark=session, np=2)
+    canceller.join(5)
+    assert sorted(os.listdir(tmp_path)) == ["0", "1"]
+    assert time.monotonic() - t0 < 90
+    deadline = time.monotonic() + 15
+    while _agents_left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _agents_left() == []

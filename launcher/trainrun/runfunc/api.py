@@ -150,19 +150,21 @@ def _call_blob(func, args, kwargs) -> bytes:
 
 
 def launch_call(func, args, kwargs, option_argv: list[str], *, local: bool, executable: str | None = None,
-                out=None, err=None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()) -> list:
+                out=None, err=None, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+                on_start=None) -> list:
     """Start the launcher for `option_argv` (trainrun options, checked) with the call, pass its output on,
     return the values (see run()). `env`: more variables for the launcher; `pass_fds`: descriptors it inherits,
-    closed here once it has started (sparkrun's task sockets: the launcher alone holds them then)."""
+    closed here once it has started (sparkrun's task sockets: the launcher alone holds them then); `on_start`:
+    called with the launcher's Popen once it runs (sparkrun stops it when its Spark stage fails)."""
     owned = list(pass_fds)  # emptied by _supervise once the launcher holds them
     try:
-        return _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, owned)
+        return _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, owned, on_start)
     finally:
         for fd in owned:
             os.close(fd)
 
 
-def _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, pass_fds) -> list:
+def _launch_call(func, args, kwargs, option_argv, local, executable, out, err, env, pass_fds, on_start) -> list:
     out = out or sys.stdout
     err = err or sys.stderr
     blob = _call_blob(func, args, kwargs)
@@ -181,7 +183,7 @@ def _launch_call(func, args, kwargs, option_argv, local, executable, out, err, e
         tail: list[str] = []
         with ResultServer(folder, nonce) as server:  # the values of ranks on this machine (channel.py)
             child_env[ENV_SOCKET] = server.path
-            code = _supervise(argv, child_env, collector, out, err, tail, pass_fds)
+            code = _supervise(argv, child_env, collector, out, err, tail, pass_fds, on_start)
     return _values(collector, code, tail, func, server.results)
 
 
@@ -191,7 +193,8 @@ def _die_with_parent():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _supervise(argv, env, collector: Collector, out, err, tail: list[str], owned_fds: list[int] | None = None) -> int:
+def _supervise(argv, env, collector: Collector, out, err, tail: list[str], owned_fds: list[int] | None = None,
+               on_start=None) -> int:
     """Run the launcher to its end; its stdout through `collector` to `out`, its stderr to `err` (the
     last lines kept in `tail`). Ctrl-C: passed on to the launcher, waited for, raised."""
     from trainrun.supervisor.output import terminal_safe
@@ -205,6 +208,8 @@ def _supervise(argv, env, collector: Collector, out, err, tail: list[str], owned
             os.close(fd)  # the launcher's now: its end is the tasks' EOF
         if owned_fds:
             owned_fds.clear()
+    if on_start is not None:
+        on_start(proc)
     # the launcher writes to pipes (so it passes the bytes as they are): the terminal check is ours to make
     shown_out, shown_err = ((terminal_safe if _is_terminal(f) else bytes) for f in (out, err))
 

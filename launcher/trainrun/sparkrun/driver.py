@@ -33,12 +33,14 @@ from trainrun.wire.spark_link import ENV_LINKS, AuthError, Hello, driver_handsha
 
 
 class SparkStartError(RuntimeError):
-    """The stage's tasks did not all connect (runfunc raises it as a RunError)."""
+    """The stage's tasks did not all connect, or the stage failed under a job that did not see it (runfunc
+    raises it as a RunError)."""
 
 
 DEFAULT_START_TIMEOUT_S = 600.0  # Horovod's, also when HOROVOD_SPARK_START_TIMEOUT (seconds) does not say
 HANDSHAKE_TIMEOUT_S = 10.0
 STAGE_END_WAIT_S = 30.0
+STAGE_FAIL_GRACE_S = 10.0
 
 
 def spark_context(spark):
@@ -58,12 +60,18 @@ def spark_context(spark):
 
 
 class _Stage(threading.Thread):
-    """The barrier stage, submitted from this (the driver's) process in a thread of its own job group."""
+    """The barrier stage, submitted from this (the driver's) process in a thread of its own job group.
+
+    When the stage fails while the launcher still runs (`launcher`, set once it started), the launcher is
+    given STAGE_FAIL_GRACE_S to see it itself (a task's end ends its agent: the host is lost, and named),
+    then SIGTERM (it ends the ranks); `stopped_launcher` then says why, for the error raised."""
 
     def __init__(self, sc, num_proc: int, group: str, task: Callable):
         super().__init__(name="trainrun-spark-stage", daemon=True)
         self.sc, self.num_proc, self.group, self.task = sc, num_proc, group, task
         self.error: BaseException | None = None
+        self.launcher = None  # the launcher's Popen, once it runs
+        self.stopped_launcher: str | None = None
 
     def run(self) -> None:
         try:
@@ -72,6 +80,12 @@ class _Stage(threading.Thread):
             rdd.barrier().mapPartitions(self.task).collect()
         except BaseException as err:  # reported by the waiting side
             self.error = err
+            deadline = time.monotonic() + STAGE_FAIL_GRACE_S
+            while self.launcher is not None and self.launcher.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.launcher is not None and self.launcher.poll() is None:
+                self.stopped_launcher = _first_line(err)
+                self.launcher.terminate()
 
     def cancel(self) -> None:
         self.sc.cancelJobGroup(self.group)
@@ -188,8 +202,15 @@ def run_on_spark(func, args, kwargs, spark, *, launch_call: Callable[..., list],
                 conn.close()
             raise
         fds = {name: conn.detach() for name, (conn, _) in hosts.items()}
-        values = launch_call(func, args, kwargs, argv, local=False, executable=executable, out=out, err=err,
-                             env={ENV_LINKS: format_links(fds)}, pass_fds=tuple(fds.values()))
+        try:
+            values = launch_call(func, args, kwargs, argv, local=False, executable=executable, out=out, err=err,
+                                 env={ENV_LINKS: format_links(fds)}, pass_fds=tuple(fds.values()),
+                                 on_start=lambda proc: setattr(stage, "launcher", proc))
+        except Exception:
+            if stage.stopped_launcher is not None:
+                raise SparkStartError(f"spark: the stage failed while the job ran, and the job was stopped: "
+                                      f"{stage.stopped_launcher}") from None
+            raise
         ok = True
         return values
     finally:
