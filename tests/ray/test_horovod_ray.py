@@ -41,17 +41,28 @@ def _processes_mentioning(marker: bytes) -> list[str]:
     return found
 
 
+def _driver_env(tmp: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SHIM_DIR, "RAY_TMPDIR": tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _assert_nothing_left(tmp: str, timeout: float = 30) -> None:
+    """No process of the driver's Ray cluster (its folder `tmp`) and no executor rank (the mailbox variable)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = _processes_mentioning(tmp.encode()) + _processes_mentioning(b"TRAINRUN_RAYEXEC_MAILBOX=")
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not left, f"left running after the driver ended: {left}"
+
+
 def run_program(name: str, *args: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess, dict]:
     """Run a driver program with its own Ray folder; its STEP/RESULTS lines, and nothing of it left after."""
     tmp = tempfile.mkdtemp(prefix="rx")  # short: Ray's socket paths live under it
-    env = {**os.environ, "PYTHONPATH": SHIM_DIR, "RAY_TMPDIR": tmp, "RAY_USAGE_STATS_ENABLED": "0"}
     try:
-        proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], env=env, cwd=PROGRAMS,
+        proc = subprocess.run([sys.executable, str(PROGRAMS / name), *args], env=_driver_env(tmp), cwd=PROGRAMS,
                               capture_output=True, text=True, timeout=timeout)
-        deadline = time.monotonic() + 20
-        while (left := _processes_mentioning(tmp.encode())) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not left, f"left running after the driver ended: {left}"
+        _assert_nothing_left(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     steps: dict = {}
@@ -113,3 +124,34 @@ def test_elastic_torch_loop_goes_on_after_losing_a_worker():
     # resumed from the last commit (not from scratch, not skipping): all epochs done, one model
     assert all(r["epoch"] == 2 and 12 <= r["steps"] <= 13 for r in results), results
     assert results[0]["checksum"] == pytest.approx(results[1]["checksum"], rel=1e-9)
+    # ray_logger.log from rank 0 reached run()'s callbacks: one record per finished epoch of the last attempt
+    assert [(r["epoch"], r["size"]) for r in s["logged"]][-2:] == [(1, 2), (2, 2)], s["logged"]
+
+
+def test_a_killed_driver_leaves_nothing():
+    """SIGKILL the driver while its workers wait in run(): the launcher gets SIGTERM (PR_SET_PDEATHSIG) and ends the
+    ranks; the driver's local cluster ends with it, and the Ray processes connected to it (the launcher is a Ray
+    driver, the mailbox and agents' actors) once they give up on its GCS."""
+    pytest.importorskip("torch")
+    tmp = tempfile.mkdtemp(prefix="rx")
+    # the driver's local cluster dies with it: Ray's processes (the launcher is a Ray driver too) wait this long
+    # for its GCS before they end (60 s by default)
+    env = {**_driver_env(tmp), "RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
+    proc = subprocess.Popen([sys.executable, str(PROGRAMS / "killed_driver.py")], env=env, cwd=PROGRAMS,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "STARTED" not in (proc.stdout.readline() if proc.stdout else ""):
+            assert proc.poll() is None and time.monotonic() < deadline, "the driver did not start its executor"
+        deadline = time.monotonic() + 60
+        while len(_processes_mentioning(b"TRAINRUN_RAYEXEC_MAILBOX=")) < 2:  # both ranks are in the call
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.2)
+        proc.kill()
+        proc.wait()
+        _assert_nothing_left(tmp, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)

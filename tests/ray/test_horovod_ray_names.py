@@ -72,3 +72,33 @@ def test_placement_options():
     assert one[3] == "2" and one[-2:] == ["--max-restarts", "1"]
     assert launch_end(7, ["x", "trainrun: rank 1 on h2 (local rank 1) exited with code 7; stopped all 2 rank(s)", "y"]) \
         == "the workers' launch ended with exit code 7: rank 1 on h2 (local rank 1) exited with code 7; stopped all 2 rank(s)"
+
+
+def test_mailbox_orders_calls_waits_and_forgets():
+    """The mailbox's logic without Ray (its methods are plain coroutines): calls in order per rank, a wait that
+    ends on every outcome or on fail(), and a caller that has its outcomes lets the taken calls go."""
+    import asyncio
+
+    from trainrun.rayexec.mailbox import Mailbox
+
+    async def scenario():
+        box = Mailbox(2)
+        assert await box.take(0, 0.01, rank=0) is None  # nothing posted yet: ask again
+        first = await box.post(b"call-0", (0, 1))
+        assert await box.take(first, 1, rank=0) == (b"call-0", (0, 1))
+        await box.put(first, 0, b"v0", False)
+        got, failed, done = await box.wait(first, 0.05)
+        assert (got, failed, done) == ({0: b"v0"}, None, False)  # rank 1's outcome still missing
+        waiter = asyncio.ensure_future(box.wait(first, 5))
+        await box.put(first, 1, b"v1", False)
+        assert await waiter == ({0: b"v0", 1: b"v1"}, None, True)
+        second = await box.post(b"call-1", (0,))
+        for rank in (0, 1):
+            await box.take(second, 1, rank=rank)
+        await box.forget(first)
+        assert box.commands[first] == (b"", (0, 1)) and first not in box.outcomes
+        assert box.commands[second] == (b"call-1", (0,))  # not yet run by everyone's next take
+        await box.fail("the launch ended")
+        assert await box.wait(second, 5) == ({}, "the launch ended", True)
+
+    asyncio.run(scenario())

@@ -277,6 +277,7 @@ class Executor:
             self._pump_logs(callbacks)
             if done:
                 break
+        self.box.forget.remote(seq)
         records = {r: cloudpickle.loads(b) for r, b in sorted(got.items())}
         failures = [v for k, v in records.values() if k == ERROR]
         if failures:

@@ -26,6 +26,8 @@ class Mailbox:
         self.failed: str | None = None
         self.joined: dict[int, str] = {}
         self.log: list[bytes] = []
+        self.taken: dict[int, int] = {}  # rank -> the seq it asked for last (it has run every command before)
+        self._pruned = 0
         self._changed = asyncio.Event()
 
     def _wake(self) -> None:
@@ -51,8 +53,9 @@ class Mailbox:
         self._wake()
         return len(self.commands) - 1
 
-    async def take(self, seq: int, timeout: float) -> tuple[bytes, tuple[int, ...]] | None:
+    async def take(self, seq: int, timeout: float, rank: int = -1) -> tuple[bytes, tuple[int, ...]] | None:
         """Command `seq` once posted; None after `timeout` seconds without it (ask again)."""
+        self.taken[rank] = seq
         until = time.monotonic() + timeout
         while seq >= len(self.commands) and time.monotonic() < until:
             await self._wait(until)
@@ -64,6 +67,17 @@ class Mailbox:
         if error:
             self.errors.setdefault(seq, []).append(rank)
         self._wake()
+
+    async def forget(self, seq: int) -> None:
+        """The caller has command `seq`'s outcomes: drop them, and the calls every rank has taken (a long
+        training loop of calls keeps no more than the calls in flight)."""
+        self.outcomes.pop(seq, None)
+        self.errors.pop(seq, None)
+        if len(self.taken) >= self.size:
+            low = min(self.taken.values())
+            for i in range(self._pruned, low):
+                self.commands[i] = (b"", self.commands[i][1])
+            self._pruned = max(self._pruned, low)
 
     async def send_log(self, blob: bytes) -> None:
         self.log.append(blob)

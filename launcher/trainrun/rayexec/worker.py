@@ -33,8 +33,9 @@ class _Logger:
                 return False
             cls.box = _connect(env[ENV_ADDRESS], env[ENV_MAILBOX])
         import cloudpickle
+        import ray
 
-        cls.box.send_log.remote(cloudpickle.dumps(record))
+        ray.get(cls.box.send_log.remote(cloudpickle.dumps(record)))  # kept when the rank ends right after
         return True
 
 
@@ -65,7 +66,7 @@ def serve(box, rank: int, host: str) -> int:
     instance = None
     seq = 0
     while True:
-        posted = ray.get(box.take.remote(seq, POLL_S))
+        posted = ray.get(box.take.remote(seq, POLL_S, rank))
         if posted is None:
             continue
         blob, ranks = posted

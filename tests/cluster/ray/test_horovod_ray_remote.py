@@ -50,4 +50,5 @@ def test_elastic_executor_goes_on_on_the_nodes_left(ray_cluster):
     # 6 ranks (2 per node) first; rank 1 died, its node sits out: the last attempt is 4 ranks on 2 nodes
     assert [(r["rank"], r["size"], r["attempt"]) for r in results] == [(i, 4, 1) for i in range(4)], results
     assert all(r["epoch"] == 2 for r in results) and len({round(r["checksum"], 9) for r in results}) == 1, results
+    assert [(r["epoch"], r["size"]) for r in s["logged"]][-2:] == [(1, 4), (2, 4)], s["logged"]  # ray_logger
     wait_nothing_left(ray_cluster)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 
 import horovod.torch as hvd
+from horovod.ray import ray_logger
 
 parser = argparse.ArgumentParser(description='PyTorch elastic Ray example')
 parser.add_argument('--address', type=str, default=None, help="Ray cluster address")
@@ -77,6 +78,8 @@ def train_fn():
                 if args.fail_once and attempt == 0 and hvd.rank() == 1 and state.steps == 3:
                     os._exit(1)  # a worker lost mid-epoch
             state.batch = 0
+            if hvd.rank() == 0:  # to the driver's callbacks, as Horovod's basic_ray_elastic.py does
+                ray_logger.log({"epoch": state.epoch, "size": hvd.size(), "steps": state.steps})
 
     train(state)
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
@@ -93,6 +96,8 @@ if __name__ == '__main__':
     executor = RayExecutor(settings, min_workers=args.min_workers, max_workers=args.max_workers,
                            use_gpu=False, cpus_per_worker=1)
     executor.start()
-    results = executor.run(train_fn)
+    logged = []
+    results = executor.run(train_fn, callbacks=[logged.append])
     executor.shutdown()
     print("RESULTS", json.dumps(results))
+    print("STEP", json.dumps(["logged", logged]))
