@@ -94,3 +94,12 @@ def test_help_does_not_import_ray():
            "print('ray' in sys.modules, file=sys.stderr)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "--ray" in p.stdout and p.stderr.strip().endswith("False"), p.stderr
+
+
+def test_run_api_ray_option():
+    from trainrun.runfunc.api import _option_argv
+
+    assert _option_argv({"ray": True, "num_proc": 2}) == ["--ray", "--num-proc", "2"]
+    assert _option_argv({"ray": "head:6379", "num_proc": 2}) == ["--ray", "head:6379", "--num-proc", "2"]
+    with pytest.raises(UsageError, match="not a Ray address"):
+        _option_argv({"ray": "train.py", "num_proc": 2})

@@ -53,7 +53,7 @@ def _option_argv(options: dict) -> list[str]:
         if value is None or value is False:
             continue
         flag = max(p.opts, key=len)
-        if p.is_flag:
+        if p.is_flag or (value is True and getattr(p, "_flag_needs_value", False)):  # ray=True: --ray, no value
             argv.append(flag)
         elif p.multiple:
             for v in value:
