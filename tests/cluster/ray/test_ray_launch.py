@@ -219,3 +219,16 @@ def test_elastic_a_node_that_joins_again_brings_the_job_back_to_full_size(ray_cl
             proc.kill()
             proc.wait()
     wait_nothing_left(ray_cluster, timeout=60)
+
+
+def test_a_ray_client_address_from_off_the_cluster(ray_cluster):
+    """The launcher outside every node (the root namespace), through Ray's client server on the head."""
+    import subprocess
+
+    head = ray_cluster.address.split(":")[0]
+    p = subprocess.run([*TRAINRUN, "--ray", f"ray://{head}:10001", "-np", "6", sys.executable, "-c", SHOW], cwd=REPO,
+                       env=ray_cluster.env(), capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    hosts = sorted(line.split()[5] for line in p.stdout.splitlines() if ":at " in line)
+    assert hosts == ["h1", "h1", "h2", "h2", "h3", "h3"], p.stdout
+    wait_nothing_left(ray_cluster)
