@@ -160,8 +160,12 @@ class Executor:
                 launch.tail.append(f"trainrun: error: the launcher did not run: {err}")
                 code = 1
             launch.proc_code.append(code)
-            if self.box is not None:
-                self.box.fail.remote(launch_end(code, launch.tail))
+            box = self.box
+            if box is not None and ray.is_initialized():  # a remote call would start a new Ray when not
+                try:
+                    box.fail.remote(launch_end(code, launch.tail))
+                except Exception:  # noqa: BLE001 (the mailbox went with the caller's Ray: nobody waits on it)
+                    pass
 
         # PR_SET_PDEATHSIG follows the thread that started the launcher: this one lives until the launcher ends
         launch.thread = threading.Thread(target=supervise, name="trainrun-rayexec-launch", daemon=True)
@@ -181,19 +185,25 @@ class Executor:
         return argv
 
     def shutdown(self) -> None:
-        """End the ranks (they leave their loop and exit 0; a launcher still running after STOP_GRACE_S gets
-        SIGTERM) and remove the mailbox. Nothing of this executor is left afterwards."""
-        ray = _ray() if self.box is not None else None
+        """End the ranks (they leave their loop and exit 0; a launcher still running after STOP_GRACE_S, or one
+        that cannot be told because the caller already left Ray, gets SIGTERM) and remove the mailbox. Nothing of
+        this executor is left afterwards."""
+        import ray
+
+        connected = self.box is not None and ray.is_initialized()  # never start a Ray here just to stop
         launch, self._launch = self._launch, None
         if launch is not None and launch.thread is not None:
             self._closing = True
-            if not launch.proc_code:
-                self._post(("stop",), tuple(range(self.place.size)))
-            launch.thread.join(STOP_GRACE_S)
+            if not launch.proc_code and connected:
+                try:
+                    self._post(("stop",), tuple(range(self.place.size)))
+                except Exception:  # noqa: BLE001 (the mailbox is gone: SIGTERM below ends the launch)
+                    pass
+            launch.thread.join(STOP_GRACE_S if connected else 0)
             if launch.thread.is_alive():
                 self._terminate()
                 launch.thread.join()
-        if ray is not None:
+        if connected:
             ray.kill(self.box)
         self.box = None
 
