@@ -180,7 +180,18 @@ class RayEngine:
                 self._holders += [self._actor(i, gpus=req.gpus_per_proc) for i in indices[1:]]
         if req.gpus_per_proc:
             self._gather_gpus(placed)
+        self._started(list(self._actors.values()))
         return hosts
+
+    def _started(self, actors: list[Any]) -> None:
+        """Wait until `actors` run (a worker process each: seconds on a loaded node), so that the agents' start
+        is timed by --ssh-timeout as over SSH, not by Ray's worker start-up. HostError when they do not."""
+        ray = self._ray
+        try:
+            ray.get([a.node.remote() for a in actors], timeout=PLACE_TIMEOUT_S)
+        except Exception as err:  # noqa: BLE001 - timed out, or a node died meanwhile
+            raise HostError("ray", "start", f"the job's actors did not start in {PLACE_TIMEOUT_S:g} s: "
+                            f"{_first_line(err)}", hint="see `ray status` and the nodes' raylet logs") from None
 
     def _read_placement(self) -> list[tuple[str, str, list[int]]]:
         """The group's bundles on the nodes alive now, per host (hosts_of), remembered for reach()."""
