@@ -123,6 +123,13 @@ class Executor:
               extra_env_vars: dict | None = None) -> None:
         """Start the ranks (static) and make `executable_cls(*args, **kwargs)` in each; return once every rank
         has made it. Elastic: only remember them (each run() starts its own ranks)."""
+        import ray.util.client
+
+        from trainrun.errors import UsageError
+
+        if ray.util.client.ray.is_connected():
+            raise UsageError("RayExecutor: a Ray client driver (ray.init('ray://...')) is not supported: the workers' "
+                             "launcher must run on a node of the cluster; run this driver there (ray.init('auto'))")
         ray = _ray()
         if self.box is not None:
             raise RuntimeError("RayExecutor.start(): already started; call shutdown() first")
