@@ -99,6 +99,8 @@ def test_executor_calls_keep_workers_and_return_rank_ordered_values():
     # a worker that dies fails the call at once (the launcher's end), naming it, after a restart of the executor
     assert s["died"][0] == "RunError" and "rank 1 on " in s["died"][1] and "code 9" in s["died"][1], s["died"]
     assert s["died_s"] < 30, s["died_s"]
+    # an executable_cls that raises in a worker: start() raises it, naming the rank; shutdown() still cleans up
+    assert s["broken"][:2] == ["RankError", 0] and "no device here" in s["broken"][2], s["broken"]
     assert s["actors_left"] == []  # shutdown() removed the mailbox
 
 

@@ -54,6 +54,14 @@ def the_same_world_again():
     return hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
 
 
+class Broken:
+    """An executable_cls whose constructor fails on one worker."""
+
+    def __init__(self):
+        if int(os.environ["RANK"]) == 0:
+            raise RuntimeError("no device here")
+
+
 def dies_on_rank_1():
     if int(os.environ["RANK"]) == 1:
         os._exit(9)  # a worker gone without a word (killed, its node lost)
@@ -108,6 +116,12 @@ if __name__ == "__main__":
     except Exception as err:  # trainrun.RunError, not a hang
         say("died", [type(err).__name__, str(err).splitlines()[0]])
     say("died_s", time.monotonic() - t0)
+    executor.shutdown()
+    try:
+        executor.start(executable_cls=Broken)
+        say("broken", None)
+    except Exception as err:  # the constructor's error, from start()
+        say("broken", [type(err).__name__, getattr(err, "rank", None), str(err).splitlines()[0]])
     executor.shutdown()
     from ray.util import list_named_actors
 
