@@ -232,3 +232,12 @@ def test_a_ray_client_address_from_off_the_cluster(ray_cluster):
     hosts = sorted(line.split()[5] for line in p.stdout.splitlines() if ":at " in line)
     assert hosts == ["h1", "h1", "h2", "h2", "h3", "h3"], p.stdout
     wait_nothing_left(ray_cluster)
+
+
+def test_strict_spread_puts_one_rank_on_each_node(ray_cluster):
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "3", "--ray-strategy", "strict_spread", "--cpus-per-proc", "0.5",
+                            sys.executable, "-c", SHOW], cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split()[1:] for line in p.stdout.splitlines() if ":at " in line]
+    assert sorted(r[4] for r in rows) == ["h1", "h2", "h3"] and {r[2] for r in rows} == {"1"}, p.stdout
+    wait_nothing_left(ray_cluster)
