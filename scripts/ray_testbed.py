@@ -23,6 +23,8 @@ Why it is built the way it is:
   node and every driver `run`/`popen` starts (env()): the cluster's ports take no call without it.
 - 2 CPUs per node (the hosts share this machine's cores; a test asks for 2 ranks per node), a 100 MB object
   store, no dashboard, no usage stats.
+- 2 GPUs per node declared to Ray, and a stand-in `nvidia-smi` (STATE/bin, first on the nodes' PATH) that lists
+  2: so `--gpus-per-proc` is placed and pinned from the ids Ray assigns, without a GPU. CUDA itself sees none.
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ import testbed
 HEAD = 1
 PORT = 6379
 CPUS = 2
+GPUS = 2
+FAKE_SMI = "#!/bin/sh\nprintf '0, Stand-in GPU, 1024\\n1, Stand-in GPU, 1024\\n'\n"
 RAY_TMP = Path("/tmp/ray")          # where each host sees its own STATE/hN
 STATE_DIR = Path(os.environ.get("TRAINRUN_RAY_STATE", "/tmp/trainrun-ray"))
 UP_TIMEOUT_S = 90.0
@@ -161,9 +165,10 @@ def up(tb: testbed.Testbed) -> RayCluster:
 
 def _start(rc: RayCluster, i: int, argv: list[str]) -> None:
     log = STATE_DIR / f"h{i}.out"
+    path = f"{STATE_DIR / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"  # the stand-in nvidia-smi first
     with open(log, "ab") as f:
         p = subprocess.run(rc.argv(i, argv, "/"), stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                           env=rc.env(HEALTH), timeout=120)
+                           env=rc.env({**HEALTH, "PATH": path}), timeout=120)
     if p.returncode:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         raise RayError(f"h{i}: {' '.join(argv[:3])}: exit {p.returncode}: {' | '.join(tail)}")
@@ -177,6 +182,10 @@ def _build(tb: testbed.Testbed) -> RayCluster:
     token = STATE_DIR / "auth_token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
+    (STATE_DIR / "bin").mkdir()
+    smi = STATE_DIR / "bin" / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
     for h in tb.hosts:
         d = STATE_DIR / h.name
         d.mkdir()
@@ -191,7 +200,7 @@ def _build(tb: testbed.Testbed) -> RayCluster:
 def _start_node(rc: RayCluster, i: int) -> None:
     ray = ray_exe()
     assert ray is not None
-    common = ["--num-cpus", str(CPUS), "--num-gpus", "0", "--object-store-memory", str(100 * 1024 * 1024),
+    common = ["--num-cpus", str(CPUS), "--num-gpus", str(GPUS), "--object-store-memory", str(100 * 1024 * 1024),
               "--disable-usage-stats", f"--node-ip-address={rc.tb.host(i).mgmt_ip}"]
     if i == HEAD:
         _start(rc, i, [ray, "start", "--head", f"--port={PORT}", "--include-dashboard=false", *common])

@@ -241,3 +241,16 @@ def test_strict_spread_puts_one_rank_on_each_node(ray_cluster):
     rows = [line.split()[1:] for line in p.stdout.splitlines() if ":at " in line]
     assert sorted(r[4] for r in rows) == ["h1", "h2", "h3"] and {r[2] for r in rows} == {"1"}, p.stdout
     wait_nothing_left(ray_cluster)
+
+
+def test_gpus_per_proc_pins_each_rank_to_a_gpu_ray_assigned(ray_cluster):
+    """The test nodes declare 2 GPUs each to Ray, with a stand-in nvidia-smi (scripts/ray_testbed.py)."""
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "6", "--gpus-per-proc", "1", sys.executable, "-c", SHOW],
+                        cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line.split()[1:] for line in p.stdout.splitlines() if ":at " in line]
+    by_host: dict[str, list[str]] = {}
+    for r in rows:
+        by_host.setdefault(r[4], []).append(r[5])
+    assert {h: sorted(v) for h, v in by_host.items()} == {h: ["'0'", "'1'"] for h in ("h1", "h2", "h3")}, p.stdout
+    wait_nothing_left(ray_cluster)
