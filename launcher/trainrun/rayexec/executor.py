@@ -153,8 +153,10 @@ class Executor:
         from trainrun.wire.runfunc_lines import Collector
 
         address = ray.get_runtime_context().gcs_address
-        options = engine_argv(self.place, address) + self.extra_argv + self._export_argv(address)
+        exports = self._exports(address)
+        options = engine_argv(self.place, address) + self.extra_argv + self._export_argv(exports)
         check_argv(options)
+        launcher_env = {**os.environ, **exports}
         argv = [sys.executable, "-m", "trainrun", *options, "--",
                 self.executable or sys.executable, "-m", "trainrun.rayexec.worker"]
         launch = _Launch()
@@ -162,7 +164,7 @@ class Executor:
 
         def supervise():
             try:
-                code = _supervise(argv, dict(os.environ), collector, sys.stdout, sys.stderr, launch.tail)
+                code = _supervise(argv, launcher_env, collector, sys.stdout, sys.stderr, launch.tail)
             except BaseException as err:  # noqa: BLE001 (the launcher could not run: say so to the waiters)
                 launch.tail.append(f"trainrun: error: the launcher did not run: {err}")
                 code = 1
@@ -179,16 +181,18 @@ class Executor:
         self._launch = launch
         launch.thread.start()
 
-    def _export_argv(self, address: str) -> list[str]:
-        """-x for the ranks: the mailbox's cluster and name, start()'s extra_env_vars, and Ray's token settings
-        of this process (a rank joins the cluster as this caller did; by name only, so a token's value is never
-        on a command line)."""
+    def _exports(self, address: str) -> dict[str, str]:
+        """What the ranks' environment gets: the mailbox's cluster and name, and start()'s extra_env_vars."""
+        return {ENV_ADDRESS: address, ENV_MAILBOX: self.name, **self._env}
+
+    @staticmethod
+    def _export_argv(exports: dict[str, str]) -> list[str]:
+        """-x NAME for each of `exports` (their values are in the launcher's environment) and for Ray's token
+        settings of this process (a rank joins the cluster as this caller did): by name only, so no value, a
+        token or a secret in extra_env_vars, is ever on a command line."""
         argv = []
-        for name, value in {ENV_ADDRESS: address, ENV_MAILBOX: self.name, **self._env}.items():
-            argv += ["-x", f"{name}={value}"]
-        for name in RAY_AUTH:
-            if os.environ.get(name):
-                argv += ["-x", name]
+        for name in [*exports, *(n for n in RAY_AUTH if os.environ.get(n))]:
+            argv += ["-x", name]
         return argv
 
     def shutdown(self) -> None:
@@ -332,8 +336,10 @@ class Executor:
         per = self.place.gpus if self.place.gpus else self.place.cpus
         have = ray.cluster_resources().get("GPU" if self.place.gpus else "CPU", 0)
         argv = elastic_argv(self.place, e, address, len(nodes), int(have // per) if per else e.min_np)
-        argv += self.extra_argv + self._export_argv(address)
+        argv += self.extra_argv + self._export_argv({})
         check_argv(argv)
+        # the exports travel inside the call (trainrun.run puts it in the ranks' environment), not on a command line
+        fn, args, kwargs = _with_env, (self._exports(address), fn, args, kwargs), {}
         result: list = []
         done = threading.Event()
 
@@ -364,6 +370,12 @@ def launch_end(code: int, tail: list[str]) -> str:
     said = said or next((ln for ln in reversed(tail) if ln.startswith("trainrun: error: ")), None)
     said = said or (tail[-1].strip() if tail else "no message")
     return f"the workers' launch ended with exit code {code}: {said.removeprefix('trainrun: ')}"
+
+
+def _with_env(env: dict[str, str], fn, args: tuple, kwargs: dict):
+    """An elastic call in a rank: `fn(*args, **kwargs)` with `env` in the rank's environment."""
+    os.environ.update(env)
+    return fn(*args, **kwargs)
 
 
 def _execute_fresh(fn, cls, args, kwargs):
