@@ -5,6 +5,7 @@ program run by `horovod.spark.run` on the testbed's standalone cluster.
 
 MODE train: 4 ranks train a small torch model a few steps; prints RESULTS <json> (rank, size, host, the
             parameters' sum after training). raise: rank 3 raises; prints RAISED <type> <message>.
+elastic:    run_elastic (min 2, max 4): rank 3 exits in the first attempt; prints RESULTS of the next.
 hang:       every rank prints READY and sleeps (the tests kill a worker or this driver).
 """
 import json
@@ -46,6 +47,24 @@ def fail():
     return hvd.rank()
 
 
+def elastic_once():
+    """Rank 3 ends with exit code 9 in the first attempt; the next attempt runs on the hosts left."""
+    import os
+    import socket
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 3 and os.environ.get("TRAINRUN_RESTART_COUNT", "0") == "0":
+        print("FAILED_ON", socket.gethostname(), flush=True)
+        os._exit(9)
+    import torch
+
+    hvd.allreduce(torch.tensor([1.0]), name="after")  # no rank ends the first attempt before rank 3 fails
+    return {"rank": hvd.rank(), "size": hvd.size(), "host": socket.gethostname(),
+            "attempt": os.environ.get("TRAINRUN_RESTART_COUNT")}
+
+
 def hang():
     import horovod.torch as hvd
 
@@ -67,7 +86,10 @@ def main():
 
     t0 = time.time()
     try:
-        results = horovod.spark.run({"train": train, "raise": fail, "hang": hang}[mode], num_proc=4)
+        if mode == "elastic":
+            results = horovod.spark.run_elastic(elastic_once, num_proc=4, min_num_proc=2, max_num_proc=4, reset_limit=1)
+        else:
+            results = horovod.spark.run({"train": train, "raise": fail, "hang": hang}[mode], num_proc=4)
     except Exception as err:
         print("RAISED", type(err).__name__, str(err).replace("\n", " | "), flush=True)
         spark.stop()

@@ -108,6 +108,21 @@ def test_rank_exception_is_raised_in_the_driver_with_rank_and_host(spark):
     assert settled(tb) == []
 
 
+def test_run_elastic_goes_on_without_the_failed_ranks_host(spark):
+    url, tb = spark
+    p = driver(url, "elastic")
+    out, err = p.communicate(timeout=240)
+    line = next((x for x in out.splitlines() if x.startswith("RESULTS ")), None)
+    assert p.returncode == 0 and line, f"rc {p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    results = json.loads(line.split(" ", 1)[1].rsplit(" ", 1)[0])
+    failed = next(x.split("FAILED_ON ", 1)[1].strip() for x in out.splitlines() if "FAILED_ON " in x)
+    said = f"{results} (rank 3 failed on {failed})\n{out[-2000:]}\n{err[-2000:]}"
+    assert [r["rank"] for r in results] == [0, 1] and {r["size"] for r in results} == {2}, said
+    assert {r["host"] for r in results} == {"h2", "h3"} - {failed}, said  # that host sits out: the other goes on
+    assert {r["attempt"] for r in results} == {"1"}, said
+    assert settled(tb) == []
+
+
 def test_killed_worker_fails_the_job_naming_its_host_and_leaves_nothing(spark):
     url, tb = spark
     p = driver(url, "hang")
