@@ -28,6 +28,7 @@ from __future__ import annotations
 import queue
 import socket
 import threading
+import time
 from typing import Any, NamedTuple
 
 from trainrun.errors import HostError, UsageError
@@ -164,8 +165,7 @@ class RayEngine:
         req = self.req
         bundles = bundles_for(req)
         self._pg = placement_group(bundles, strategy=STRATEGIES[req.strategy])
-        ready, _ = ray.wait([self._pg.ready()], timeout=PLACE_TIMEOUT_S)
-        if not ready:
+        if not self._wait_placed(ray, f"{req.np} bundle(s) of {bundles[0]} ({req.strategy})"):
             free = ray.available_resources()
             raise HostError("ray", "place", f"{req.np} bundle(s) of {bundles[0]} ({req.strategy}) not placed in "
                             f"{PLACE_TIMEOUT_S:g} s; free now: CPU {free.get('CPU', 0):g}, GPU {free.get('GPU', 0):g} "
@@ -192,6 +192,24 @@ class RayEngine:
         except Exception as err:  # noqa: BLE001 - timed out, or a node died meanwhile
             raise HostError("ray", "start", f"the job's actors did not start in {PLACE_TIMEOUT_S:g} s: "
                             f"{_first_line(err)}", hint="see `ray status` and the nodes' raylet logs") from None
+
+    def _wait_placed(self, ray: Any, what: str) -> bool:
+        """Whether Ray placed the group within PLACE_TIMEOUT_S; says once (stderr) when Ray finds it infeasible
+        on the nodes there are, and waits on (an autoscaler may add a node that fits)."""
+        import sys
+
+        from ray.util import placement_group_table
+
+        ready, deadline, said = self._pg.ready(), time.monotonic() + PLACE_TIMEOUT_S, False
+        while time.monotonic() < deadline:
+            if ray.wait([ready], timeout=1.0)[0]:
+                return True
+            state = placement_group_table(self._pg).get("stats", {}).get("scheduling_state")
+            if state == "INFEASIBLE" and not said:
+                print(f"trainrun: Ray cannot place {what} on the nodes there are (infeasible); waiting up to "
+                      f"{PLACE_TIMEOUT_S:g} s for nodes to join", file=sys.stderr, flush=True)
+                said = True
+        return False
 
     def _read_placement(self) -> list[tuple[str, str, list[int]]]:
         """The group's bundles on the nodes alive now, per host (hosts_of), remembered for reach()."""
