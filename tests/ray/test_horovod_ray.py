@@ -151,7 +151,7 @@ def test_a_killed_driver_leaves_nothing():
             time.sleep(0.2)
         proc.kill()
         proc.wait()
-        _assert_nothing_left(tmp, timeout=60)
+        _assert_nothing_left(tmp, timeout=90)  # the launcher, a Ray driver too, may wait on the dead GCS a while
     finally:
         if proc.poll() is None:
             proc.kill()
