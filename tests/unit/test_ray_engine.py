@@ -103,3 +103,11 @@ def test_run_api_ray_option():
     assert _option_argv({"ray": "head:6379", "num_proc": 2}) == ["--ray", "head:6379", "--num-proc", "2"]
     with pytest.raises(UsageError, match="not a Ray address"):
         _option_argv({"ray": "train.py", "num_proc": 2})
+
+
+def test_no_ray_installed_is_one_line():
+    code = ("import sys; sys.modules['ray'] = None\nfrom trainrun.cli.command import main\n"
+            "main(['--ray', '127.0.0.1:1', '-np', '2', 'true'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("trainrun: error: --ray: Ray is not installed here") and p.stderr.count("\n") == 1, p.stderr

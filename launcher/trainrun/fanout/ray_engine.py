@@ -145,8 +145,12 @@ class RayEngine:
     def _connect(self) -> Any:
         import logging
 
+        try:
+            import ray
+        except ImportError as err:
+            raise UsageError(f"--ray: Ray is not installed here ({err}); pip install \"ray[default]==2.60.0\" "
+                             "(the version of the cluster)") from None
         check_reachable(self.address, self.req.timeout)
-        import ray
 
         try:
             ray.init(address=self.address, namespace="trainrun", logging_level=logging.ERROR, log_to_driver=False,
