@@ -254,3 +254,16 @@ def test_gpus_per_proc_pins_each_rank_to_a_gpu_ray_assigned(ray_cluster):
         by_host.setdefault(r[4], []).append(r[5])
     assert {h: sorted(v) for h, v in by_host.items()} == {h: ["'0'", "'1'"] for h in ("h1", "h2", "h3")}, p.stdout
     wait_nothing_left(ray_cluster)
+
+
+def test_nics_probed_through_the_nodes_actors_and_mpi_forms(ray_cluster):
+    """--no-cache: the NIC probe's modules run under each node's actor; the ranks get the NICs every node can
+    reach every other on (not h2's dead-end eth2, not the docker0 decoy), and MPI forms its world over them."""
+    code = ("import os; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+            "print(c.size, c.allreduce(1), os.environ.get('UCX_NET_DEVICES'))")
+    p = ray_cluster.run(1, [*TRAINRUN, "--ray", "-np", "3", "--ray-strategy", "strict_spread", "--no-cache",
+                            sys.executable, "-c", code], cwd=REPO, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [line.split(":", 1)[1] for line in p.stdout.splitlines() if line.startswith("[")]
+    assert lines == ["3 3 eth0,eth1"] * 3, p.stdout
+    wait_nothing_left(ray_cluster)
