@@ -25,6 +25,7 @@ Examples:
   trainrun --config run.yaml train.py         options from YAML; flags override
   salloc -N3 trainrun train.py                inside Slurm: hosts, slots and -np from the allocation, via srun
   trainrun --sbatch -N 3 --time=10 --wait train.py    submit as a batch job and follow it
+  trainrun --ray -np 8 train.py               on a Ray cluster: Ray places the ranks (RAY_ADDRESS, else local)
   kill -USR1 <trainrun pid>                   print every rank's Python stack; the job goes on
 
 Everything after the program is passed to it untouched (also -np, -H, ...).
