@@ -126,8 +126,8 @@ class SparkEngine:
                         hint="pass network_interface=NIC (the NIC the hosts reach each other by)")
 
     def sweep(self, host: str, job_id: str, mark_host: str, agent: str | None) -> str | None:
-        return ("no second channel to a Spark task (its agent ends its ranks when its channel or its task ends; "
-                "Spark ends the stage's tasks)")
+        return ("a Spark task has no second channel; its agent ends its ranks when its channel or its task ends, "
+                "and Spark ends the stage's tasks")
 
     def close(self) -> None:
         for sock in self._socks.values():

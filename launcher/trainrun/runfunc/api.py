@@ -306,7 +306,9 @@ def _values(collector: Collector, code: int, tail: list[str], func=None, streame
     size = max((records[(last, r)][2] for r in ranks), default=None)
     if code != 0 or size is None or ranks != list(range(size)):
         got = f"{len(ranks)} of {size} rank(s) returned" if size else "no rank returned"
-        why = said.removeprefix("trainrun: error: ") if said else " / ".join(tail[-3:]) or "no message"
+        first = next((line for line in tail if "(the first failure)" in line), None)  # the launcher's first cause
+        why = (said.removeprefix("trainrun: error: ") if said else first.removeprefix("trainrun: ") if first
+               else " / ".join(tail[-3:]) or "no message")
         raise RunError(f"the job ended with exit code {code} before every rank returned ({got}): {why}",
                        exit_code=code or 1)
     return [records[(last, r)][1] for r in ranks]

@@ -136,7 +136,7 @@ def test_killed_worker_fails_the_job_naming_its_host_and_leaves_nothing(spark):
         err = "".join(p.err_tail)
         assert p.returncode == 3, f"rc {p.returncode}\n{lines[-20:]}\n{err[-3000:]}"
         raised = next((x for x in lines if x.startswith("RAISED ")), "")
-        assert "h3" in raised, raised + "\n" + err[-3000:]
+        assert "lost the agent on h3" in raised, raised + "\n" + err[-3000:]  # the first cause, its host named
         assert settled(tb, 60) == []
     finally:
         if p.poll() is None:
