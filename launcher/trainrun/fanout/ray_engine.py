@@ -474,13 +474,19 @@ class RayModuleChannel:
         self._buf = bytearray()
         self._err = bytearray()
         self._ended = False
-        ray.get(actor.spawn.remote(key, argv, env), timeout=CALL_TIMEOUT_S)
+        self._call(actor.spawn, argv, env)
+        self._heard = time.monotonic()
 
     def _more(self) -> None:
-        out, err, ended = self._ray.get(self._actor.read.remote(self._key, POLL_S), timeout=POLL_S + self._timeout)
+        """One long poll; TimeoutError (an OSError, as a socket's) after `timeout` s with no byte and no end."""
+        out, err, ended = self._call(self._actor.read, POLL_S, timeout=POLL_S + self._timeout)
         self._buf += out
         self._err += err
         self._ended = self._ended or ended
+        if out or err or ended:
+            self._heard = time.monotonic()
+        elif time.monotonic() - self._heard > self._timeout:
+            raise TimeoutError(f"no answer in {self._timeout:g} s")
 
     def readline(self) -> bytes:
         while b"\n" not in self._buf and not self._ended:
@@ -497,14 +503,22 @@ class RayModuleChannel:
         self._buf.clear()
         return out
 
+    def _call(self, method: Any, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        """An actor call on this child; OSError (what callers of a channel catch, as of a socket) when the actor
+        is gone or does not answer in `timeout` s."""
+        try:
+            return self._ray.get(method.remote(self._key, *args), timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - RayActorError, GetTimeoutError: the channel is gone
+            raise OSError(f"the node's Ray actor: {_first_line(err)}") from None
+
     def send(self, data: bytes) -> None:
-        self._ray.get(self._actor.write.remote(self._key, data), timeout=CALL_TIMEOUT_S)
+        self._call(self._actor.write, data)
 
     def close_stdin(self) -> None:
-        self._ray.get(self._actor.close_stdin.remote(self._key), timeout=CALL_TIMEOUT_S)
+        self._call(self._actor.close_stdin)
 
     def exit_status(self) -> int:
-        rc = self._ray.get(self._actor.wait.remote(self._key, self._timeout), timeout=self._timeout + CALL_TIMEOUT_S)
+        rc = self._call(self._actor.wait, self._timeout, timeout=self._timeout + CALL_TIMEOUT_S)
         return 124 if rc is None else int(rc)
 
     def stderr_text(self) -> str:
