@@ -252,26 +252,48 @@ def down(tb: testbed.Testbed | None = None) -> list[str]:
     return left
 
 
+def _up(argv: list[str]) -> int:
+    if testbed.namespaces() and testbed.Testbed().owner != "cli":
+        print("ray_testbed: a test session's testbed is up; wait for it to end", file=sys.stderr)
+        return 1
+    tb = testbed.Testbed() if testbed.namespaces() else testbed.up(int(argv[1]) if len(argv) > 1 else 3)
+    rc = up(tb)
+    print(f"Ray up: head {rc.address}, {len(tb.hosts)} node(s); python3 scripts/ray_testbed.py exec 1 ...")
+    return 0
+
+
+def _down(argv: list[str]) -> int:
+    left = down()
+    if "--keep-hosts" not in argv:
+        left += testbed.down()
+    for line in left:
+        print(f"left: {line}", file=sys.stderr)
+    return 1 if left else 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("up", "down", "status", "exec"):
         print(__doc__, file=sys.stderr)
         return 2
-    if argv[0] == "up":
+    if argv[0] in ("up", "down"):
         reason = missing_requirement()
         if reason:
             print(f"ray_testbed: {reason}", file=sys.stderr)
             return 1
-        tb = testbed.Testbed() if testbed.namespaces() else testbed.up(int(argv[1]) if len(argv) > 1 else 3)
-        rc = up(tb)
-        print(f"Ray up: head {rc.address}, {len(tb.hosts)} node(s); python3 scripts/ray_testbed.py exec 1 ...")
-        return 0
-    if argv[0] == "down":
-        left = down()
-        if "--keep-hosts" not in argv:
-            left += testbed.down()
-        for line in left:
-            print(f"left: {line}", file=sys.stderr)
-        return 1 if left else 0
+        fd = testbed.lock(blocking=False)  # as testbed.py's CLI: held while this changes things
+        if fd is None:
+            print(f"ray_testbed: the testbed is in use by another session (lock {testbed.LOCK_FILE})", file=sys.stderr)
+            return 1
+        try:
+            return _up(argv) if argv[0] == "up" else _down(argv)
+        except testbed.TestbedError as err:
+            print(f"ray_testbed: {err}", file=sys.stderr)
+            return 1
+        finally:
+            os.close(fd)
+    if not testbed.namespaces():
+        print("ray_testbed: no testbed is up (python3 scripts/ray_testbed.py up)", file=sys.stderr)
+        return 1
     tb = testbed.Testbed()
     rc = RayCluster(tb)
     if argv[0] == "status":
