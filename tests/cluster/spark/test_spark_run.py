@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 
 from trainrun.plan.horovod_shim import SHIM_DIR  # the driver's `import horovod` is trainrun's shim
@@ -21,11 +24,24 @@ HERE = Path(__file__).parent
 ROOT = HERE.parents[2]
 
 
+@pytest.fixture(autouse=True)
+def local_dir(tmp_path_factory):
+    """The drivers' spark.local.dir, removed after the test: a driver that is killed (or whose executors are)
+    leaves its scratch folder behind."""
+    global _LOCAL_DIR
+    _LOCAL_DIR = str(tmp_path_factory.mktemp("spark-local"))
+    yield
+    shutil.rmtree(_LOCAL_DIR, ignore_errors=True)
+
+
+_LOCAL_DIR = ""
+
+
 def driver(url: str, mode: str) -> subprocess.Popen:
     env = {**os.environ, "PYSPARK_PYTHON": spark_testbed.python(),
            "PYTHONPATH": os.pathsep.join([SHIM_DIR, str(ROOT / "launcher")])}
-    return subprocess.Popen([spark_testbed.python(), str(HERE / "spark_driver.py"), url,
-                             json.dumps(spark_testbed.driver_conf()), mode],
+    conf = {**spark_testbed.driver_conf(), "spark.local.dir": _LOCAL_DIR}
+    return subprocess.Popen([spark_testbed.python(), str(HERE / "spark_driver.py"), url, json.dumps(conf), mode],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
 
