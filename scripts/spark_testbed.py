@@ -12,7 +12,8 @@ memory. The driver runs in the root namespace (10.241.0.1, which every host reac
 Stdlib only. Needs what testbed.py needs plus Java 17 (`java` on PATH) and pyspark (its install folder is
 SPARK_HOME: it ships the jars; the daemons run as `java -cp JARS/* org.apache.spark.deploy.{master.Master,
 worker.Worker}`, no sbin scripts, so every pid is ours). State dir (env TRAINRUN_SPARK_STATE, default
-/tmp/trainrun-spark): log/ (kept after `down`), work-hN/ (the workers' folders).
+/tmp/trainrun-spark): log/ and work-hN/ (the workers' folders, with the executors' logs: kept after `down` for
+post-mortems; `up` starts from an empty dir), local-hN/ (the executors' scratch: removed by `down`).
 """
 from __future__ import annotations
 
@@ -149,9 +150,11 @@ def start_worker(tb: testbed.Testbed, i: int, wait_s: float = 0.0) -> None:
     argv = tb.enter(i) + _java("org.apache.spark.deploy.worker.Worker", "--host", h.mgmt_ip, "--cores",
                                str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(work),
                                "--webui-port", "18081", master_url(tb))
+    local = STATE_DIR / f"local-{h.name}"  # its executors' scratch (a killed executor leaves its folder)
+    local.mkdir(exist_ok=True)
     with open(STATE_DIR / "log" / f"worker-{h.name}.log", "ab") as f:
-        _STARTED.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f, env=_env(),
-                                         start_new_session=True))
+        _STARTED.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                         env={**_env(), "SPARK_LOCAL_DIRS": str(local)}, start_new_session=True))
     if wait_s and not _registered(before + 1, wait_s):
         raise RuntimeError(f"spark testbed: the worker in {h.name} did not register in {wait_s:g} s")
 
@@ -203,6 +206,8 @@ def down_spark(grace_s: float = 10.0) -> list[str]:
         except subprocess.TimeoutExpired:
             pass
     _STARTED.clear()
+    for local in STATE_DIR.glob("local-*"):
+        shutil.rmtree(local, ignore_errors=True)
     return [f"{pid} {cmd[:80]}" for pid, cmd in spark_processes().items()]
 
 
