@@ -104,6 +104,19 @@ class RayCluster:
         """Host index -> (pid, command line) of every Ray process running inside it."""
         return {h.index: ray_processes(self.tb, h.index) for h in self.tb.hosts}
 
+    def processes_with_env(self, entry: str) -> dict[int, list[int]]:
+        """Host index -> pids of the processes there whose environment holds `entry` (e.g. "TRAINRUN_JOB_ID=")."""
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        out: dict[int, list[int]] = {}
+        for h in self.tb.hosts:
+            for pid in self.tb.on_host(h.index, pids):
+                try:
+                    if entry.encode() in Path(f"/proc/{pid}/environ").read_bytes():
+                        out.setdefault(h.index, []).append(pid)
+                except OSError:
+                    pass
+        return out
+
     def raylet(self, i: int) -> int:
         pids = [pid for pid, cmd in ray_processes(self.tb, i) if "/raylet" in cmd.split(" ", 1)[0]]
         if not pids:

@@ -267,3 +267,44 @@ def test_nics_probed_through_the_nodes_actors_and_mpi_forms(ray_cluster):
     lines = [line.split(":", 1)[1] for line in p.stdout.splitlines() if line.startswith("[")]
     assert lines == ["3 3 eth0,eth1"] * 3, p.stdout
     wait_nothing_left(ray_cluster)
+
+
+def test_elastic_a_lost_nodes_ranks_are_replaced_on_the_nodes_ray_has(ray_cluster, tmp_path):
+    """Half a CPU per rank: 6 ranks fit on two nodes and leave room on the third. A node with ranks (not h1,
+    the launcher's) loses its raylet: Ray places its bundles again where there is room, and the job is back
+    to 6 ranks without that node."""
+    import os
+    import subprocess
+
+    prog = tmp_path / "elastic_idle.py"
+    prog.write_text(ELASTIC_IDLE.replace("{hvd.size()} ranks", "{hvd.size()} ranks on {__import__('socket').gethostname()}"))
+    proc = ray_cluster.popen(1, [*TRAINRUN, "--ray", "-np", "6", "--min-np", "2", "--cpus-per-proc", "0.5",
+                                 sys.executable, prog], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=(tmp_path / "err").open("w"), text=True)
+    victim = None
+    try:
+        _wait_for_lines(proc, ": 6 ranks", 1, timeout=120)
+        ranks = ray_cluster.processes_with_env("TRAINRUN_JOB_ID=")
+        victim = next(i for i in (2, 3) if ranks.get(i))
+        os.kill(ray_cluster.raylet(victim), signal.SIGKILL)
+        seen = _wait_for_lines(proc, "attempt", 1, timeout=120)
+        while ": 6 ranks" not in seen[-1]:
+            seen += _wait_for_lines(proc, "attempt", 1, timeout=120)
+        assert "attempt 0" not in seen[-1], seen
+        deadline = time.monotonic() + 30  # the lost node's old ranks end once its Ray worker sees the raylet gone
+        while ray_cluster.processes_with_env("TRAINRUN_JOB_ID=").get(victim):
+            assert time.monotonic() < deadline, "ranks left on the lost node"
+            time.sleep(0.5)
+        assert sum(map(len, ray_cluster.processes_with_env("TRAINRUN_JOB_ID=").values())) >= 6
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+        err = (tmp_path / "err").read_text()
+        assert proc.returncode == 130, err
+        assert ray_cluster.tb.host(victim).mgmt_ip in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if victim is not None:
+            ray_cluster.restart_node(victim)
+    wait_nothing_left(ray_cluster, timeout=60)
