@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = "BENCH_RESULT "
+CEILING = "no communication (trainrun --ray, no collective)"
 INSTALL = "pip install \"ray[default,train]==2.60.0\" (or pip install -e '.[bench]')"
 
 
@@ -67,8 +68,9 @@ def _steps(model, opt, data, t0: float, steps: int) -> dict:
     return {"first_step_s": first, "steps_per_s": steps / (time.perf_counter() - start)}
 
 
-def trainrun_worker(t0: float, steps: int) -> None:
-    """A rank under trainrun --ray: Horovod's torch API; rank 0 prints the result line."""
+def trainrun_worker(t0: float, steps: int, communicate: bool = True) -> None:
+    """A rank under trainrun --ray: Horovod's torch API; rank 0 prints the result line. Without `communicate`,
+    the same processes train without any collective (each its own model): the no-communication ceiling."""
     import torch
 
     import trainrun.torch as hvd
@@ -76,8 +78,10 @@ def trainrun_worker(t0: float, steps: int) -> None:
     torch.set_num_threads(1)
     hvd.init()
     model = _model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if communicate:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     out = _steps(model, opt, _batches(hvd.rank()), t0, steps)
     if hvd.rank() == 0:
         print(RESULT + json.dumps(out), flush=True)
@@ -126,9 +130,9 @@ def run_once(runner, name: str, np: int, steps: int) -> dict:
     """One fresh command of contender `name`; rank 0's numbers. `runner(argv)` runs argv where the driver runs."""
     t0 = time.time()
     here = str(Path(__file__).resolve())
-    if name == "trainrun --ray":
+    if name in ("trainrun --ray", CEILING):
         argv = [sys.executable, "-m", "trainrun", "--ray", "-np", str(np), sys.executable, here, "--worker", repr(t0),
-                str(steps)]
+                str(steps), *(["--no-communication"] if name == CEILING else [])]
     else:
         argv = [sys.executable, here, "--ray-train", repr(t0), str(steps), str(np)]
     p = runner(argv)
@@ -146,15 +150,19 @@ def table(rows: dict[str, list[dict]], machine: str) -> str:
              "", "| contender | command to first step (s) | steps/s (rank 0) |", "|---|---|---|"]
     for name in rows:
         lines.append(f"| {name} | {med(name, 'first_step_s'):.2f} | {med(name, 'steps_per_s'):.1f} |")
-    if len(rows) == 2:
-        a, b = rows
+    contenders = [n for n in rows if n != CEILING]
+    if len(contenders) == 2:
+        a, b = contenders
         lines.append(f"| {a} / {b} | {med(a, 'first_step_s') / med(b, 'first_step_s'):.2f}x "
                      f"| {med(a, 'steps_per_s') / med(b, 'steps_per_s'):.2f}x |")
+    if CEILING in rows:
+        for name in contenders:
+            lines.append(f"| {name}: steps/s of the ceiling | | {med(name, 'steps_per_s') / med(CEILING, 'steps_per_s'):.2f}x |")
     return "\n".join(lines)
 
 
-def measure(runner, rounds: int, steps: int, np: int, with_ray_train: bool) -> dict[str, list[dict]]:
-    names = ["trainrun --ray"] + (["Ray Train TorchTrainer"] if with_ray_train else [])
+def measure(runner, rounds: int, steps: int, np: int, with_ray_train: bool, ceiling: bool = False) -> dict[str, list[dict]]:
+    names = ["trainrun --ray"] + (["Ray Train TorchTrainer"] if with_ray_train else []) + ([CEILING] if ceiling else [])
     rows: dict[str, list[dict]] = {n: [] for n in names}
     for name in names:  # warm-up: the nodes' worker pools, page cache, imports
         run_once(runner, name, np, 5)
@@ -173,11 +181,14 @@ def main() -> int:
     ap.add_argument("--np", type=int, default=6)
     ap.add_argument("--address", help="an existing Ray cluster (default: the simulated hosts' cluster)")
     ap.add_argument("--json", help="also write every round's numbers to this file")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also the same ranks training without communicating (the no-communication ceiling)")
+    ap.add_argument("--no-communication", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=2, metavar=("T0", "STEPS"), help=argparse.SUPPRESS)
     ap.add_argument("--ray-train", nargs=3, metavar=("T0", "STEPS", "NP"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        trainrun_worker(float(a.worker[0]), int(a.worker[1]))
+        trainrun_worker(float(a.worker[0]), int(a.worker[1]), communicate=not a.no_communication)
         return 0
     if a.ray_train:
         ray_train_driver(float(a.ray_train[0]), int(a.ray_train[1]), int(a.ray_train[2]))
@@ -192,7 +203,7 @@ def main() -> int:
         def runner(argv):
             return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
-        rows = measure(runner, a.rounds, a.steps, a.np, missing is None)
+        rows = measure(runner, a.rounds, a.steps, a.np, missing is None, a.ceiling)
     else:
         sys.path.insert(0, str(ROOT / "scripts"))
         import ray_testbed
@@ -206,7 +217,7 @@ def main() -> int:
             rc = ray_testbed.up(tb)
             try:
                 rows = measure(lambda argv: rc.run(1, argv, cwd=ROOT, timeout=900), a.rounds, a.steps, a.np,
-                               missing is None)
+                               missing is None, a.ceiling)
             finally:
                 left = ray_testbed.down(tb)
                 if left:

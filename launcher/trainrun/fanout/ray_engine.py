@@ -29,7 +29,7 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from trainrun.errors import HostError, UsageError
 from trainrun.fanout.python_pick import EarlyStderr, python_module_argv
@@ -38,7 +38,8 @@ from trainrun.plan.hosts import HostSpec
 STRATEGIES = {"pack": "PACK", "spread": "SPREAD", "strict_spread": "STRICT_SPREAD"}
 PLACE_TIMEOUT_S = 60.0  # for Ray to place every bundle (an autoscaler may add nodes meanwhile)
 POLL_S = 1.0            # a read's long poll on the actor
-CALL_TIMEOUT_S = 30.0   # for an actor call that answers at once (start, write)
+CALL_TIMEOUT_S = 30.0
+CLIENT_RETRY_S = 2.0    # before a ray:// client's second try   # for an actor call that answers at once (start, write)
 
 
 class RayRequest(NamedTuple):
@@ -152,15 +153,28 @@ class RayEngine:
                              "(the version of the cluster)") from None
         check_reachable(self.address, self.req.timeout)
 
-        try:
-            ray.init(address=self.address, namespace="trainrun", logging_level=logging.ERROR, log_to_driver=False,
-                     configure_logging=False)
-        except Exception as err:  # noqa: BLE001 - whatever Ray says of the address, as one line
-            hint = ("start one with `ray start --head`, or pass --ray HOST:6379 / set RAY_ADDRESS"
-                    if self.address == "auto" else "check the address (HOST:6379, or ray://HOST:10001)")
-            raise HostError("ray", "connect", f"{self.address}: {_first_line(err)}", hint=hint) from None
+        # A ray:// client's first connection makes the head start a server for it; on a loaded head that start
+        # can fail once ("Initialization failure from server") and succeed at once after: one more try then.
+        tries = 2 if self.address.startswith("ray://") else 1
+        for attempt in range(tries):
+            try:
+                ray.init(address=self.address, namespace="trainrun", logging_level=logging.ERROR,
+                         log_to_driver=False, configure_logging=False)
+                break
+            except Exception as err:  # noqa: BLE001 - whatever Ray says of the address, as one line
+                if attempt + 1 < tries and "Initialization failure" in str(err):
+                    ray.shutdown()
+                    time.sleep(CLIENT_RETRY_S)
+                    continue
+                self._connect_failed(err)
         self._ray = ray
         return ray
+
+    def _connect_failed(self, err: BaseException) -> NoReturn:
+        """Raise the one line for an address Ray would not connect to."""
+        hint = ("start one with `ray start --head`, or pass --ray HOST:6379 / set RAY_ADDRESS"
+                if self.address == "auto" else "check the address (HOST:6379, or ray://HOST:10001)")
+        raise HostError("ray", "connect", f"{self.address}: {_first_line(err)}", hint=hint) from None
 
     def _place(self) -> list[HostSpec]:
         ray = self._connect()

@@ -1,6 +1,7 @@
 """The `ray_cluster` fixture: a real Ray cluster on the session's simulated hosts (scripts/ray_testbed.py: the
-head on h1, a node on h2 and h3, 2 CPUs each), up once for the session and torn down after it, checking that no
-Ray process is left on any host. Skips with the reason when Ray or the testbed is missing.
+head on h1, a node on h2 and h3, 2 CPUs each), up once for this folder's tests and torn down after them (package
+scope: the other cluster tests count the hosts' processes and /dev/shm, and Ray's daemons and object store must
+not be there), checking that no Ray process is left on any host. Skips with the reason when Ray or the testbed is missing.
 
 Every test here also gets `nothing_left` run after it: no trainrun agent or rank, no actor and no placement
 group of trainrun's on any node (the tests' own proof that a job leaves nothing, whatever ended it).
@@ -28,7 +29,7 @@ print(len(acts), len(pgs))
 """  # Ray's GCS tables (the test cluster runs no dashboard, which ray.util.state's API needs)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_cluster(cluster):
     reason = ray_testbed.missing_requirement()
     if reason:

@@ -1,6 +1,6 @@
 """The `spark` fixture: a Spark standalone cluster on the `cluster` fixture's hosts for the whole session
 (scripts/spark_testbed.py: the master in h1, a worker of 2 cores in h2 and h3, each in its host's namespaces),
-stopped at the end with a check that no Spark JVM, pyspark worker or trainrun process is left in any host.
+for this folder's tests only (package scope: the other cluster tests count the hosts' processes), stopped after them with a check that no Spark JVM, pyspark worker or trainrun process is left in any host.
 Skips with the reason when Java or pyspark is missing. The drivers run in the root namespace (10.241.0.1)."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ spark_testbed = sys.modules["trainrun_spark_testbed"] = importlib.util.module_fr
 _spec.loader.exec_module(spark_testbed)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def spark(cluster):
     """(master URL, testbed) of a running cluster; tests that stop a worker start it again (restart_worker)."""
     reason = spark_testbed.missing_requirement()
