@@ -169,9 +169,17 @@ def spark_processes() -> dict[int, str]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if testbed._alive(pid) and ("org.apache.spark" in cmd or "pyspark" in cmd or "trainrun" in cmd):
+            if testbed._alive(pid) and _ours(cmd):
                 out[pid] = cmd.strip()
     return out
+
+
+def _ours(cmd: str) -> bool:
+    """A Spark JVM, a pyspark worker, or a trainrun agent or rank (`-m trainrun...`): not the hosts' own
+    processes, whose command lines name the testbed's state dir (/tmp/trainrun-testbed/hN/sshd_config)."""
+    words = cmd.split()
+    return ("org.apache.spark" in cmd or "pyspark" in cmd
+            or any(w == "trainrun" or w.startswith("trainrun.") for w in words))
 
 
 def executor_pids() -> dict[int, str]:
