@@ -92,8 +92,24 @@ def test_check_build_and_version(train):
     assert rc == 0 and out.startswith("0.28.1 (trainrun ")
 
 
+FAIL_AFTER_RANK_0_PRINTED = """\
+import os, sys, time
+if os.environ['RANK'] == '0':
+    print('out 0', flush=True)
+    open('printed', 'w').close()
+    time.sleep(60)  # stopped by fail-fast: its printed line must still reach its file
+else:
+    deadline = time.time() + 30
+    while not os.path.exists('printed') and time.time() < deadline:
+        time.sleep(0.02)
+    sys.exit(3)
+"""
+
+
 def test_output_filename_and_failing_rank(train):
-    (train / "fail.py").write_text("import os, sys\nprint('out', os.environ['RANK'])\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    """Rank 1 fails only once rank 0 has printed (else fail-fast may stop rank 0 before its print: a race, not a
+    loss); rank 0, stopped by fail-fast, keeps what it printed in its file."""
+    (train / "fail.py").write_text(FAIL_AFTER_RANK_0_PRINTED)
     rc, _, err = horovodrun("-np", "2", "--output-filename", "logs", "python", "fail.py", cwd=train)
     assert rc == 3 and "rank 1" in err
     assert (train / "logs" / "rank.0" / "stdout").read_text() == "out 0\n"
