@@ -24,9 +24,12 @@ environment or holds a policy at import):
 - `wait_request(request)`: complete an MPI request (a data transfer) by that rule, with the budget
   TRANSFER_SPIN_S (see there; 2 ms cost a 16 MiB allreduce ~15% on an idle host). In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
-- `TransferWait(policy, blocked).wait`: the wait an engine gives its MPI backend when it makes it: the
-  policy's wait_request in a caller's thread; in the engine's background thread, polls that yield the
-  CPU while nobody is blocked on the engine. The engine's parts get the policy at construction too
+- `TransferWait(policy, blocked).wait`: the wait an engine gives its MPI backend when it makes it (for a
+  data transfer, which a round has just agreed every rank is in): in a caller's thread, or in the
+  background thread once someone is blocked on the engine (nothing of this rank computes), a few
+  MPI_Tests and then MPICH's MPI_Wait (`wait_blocked`; spin mode: wait_request, as before); in the
+  background thread while nobody is blocked (the training loop computes beside it), polls that yield
+  the CPU by this policy. The engine's parts get the policy at construction too
   (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
   parts ask, for a benchmark's same-process A/B).
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
@@ -54,6 +57,7 @@ TRANSFER_SPIN_S = 0.1  # how long a data transfer's wait may poll on a host with
                        # round before it agreed that every rank is there, so this wait is for data that
                        # moves only while polled (16 MiB sleep-polled after 2 ms: 4.0 -> 4.7 ms)
 SPIN_TESTS = 256      # spin mode's MPI_Tests before MPI_Wait (~100 us: a small op's whole time)
+BLOCKED_TESTS = 8     # a transfer nobody computes beside: MPI_Tests (a small op is done by then) before MPI_Wait
 
 
 def mode_from(value: str | None) -> str:
@@ -163,22 +167,45 @@ class Policy:
                 sleep(backoff_s(age))
 
 
+def wait_blocked(request) -> None:
+    """Complete MPI `request` for a rank that has nothing else to run: BLOCKED_TESTS MPI_Tests (a small op
+    is done by then), then MPICH's MPI_Wait, its progress loop in C with the GIL released.
+
+    Why not the policy's sleeps between MPI_Tests here: a transfer starts only after a round agreed that
+    every rank is in it, so it waits for data, not for a late peer, and that data moves only while each
+    rank polls. With several ranks on a core (6 ranks of 3 hosts on 2 cores, a 1 MB allreduce: the Ray
+    benchmark's, docs/benchmarks/ray.md) every relay of the allreduce waited out some rank's sleep: 22-25
+    ms a step, where MPI_Wait took 16.5-18 ms (raw MPI_Allreduce 15-19, torch's gloo 19-21) at the same CPU
+    per step (5.3-5.9 ms a rank); a Python loop of MPI_Tests holding the GIL took 40 ms."""
+    test = request.Test
+    for _ in range(BLOCKED_TESTS):
+        if test():
+            return
+    request.Wait()
+
+
 class TransferWait:
     """How the engine's data transfers wait for their MPI request: `wait` is given to the backend when it
     is made (backends.mpi.MPIBackend(comm, wait)), the same for the engine's life.
 
-    In a caller's thread (it drives because it waits) it is `policy.wait_request`. In the engine's
-    background thread (`bind_background`, once, from that thread), which overlaps the training loop,
-    it gives the CPU back between polls while nobody waits on the engine (`blocked()` is 0), so a late
-    peer does not cost this rank's compute a core: it yields while the policy lets it spin
-    (TRANSFER_SPIN_S: under auto, only while the host has a core to spare), then sleeps (spin mode:
-    it only yields, as before); once someone blocks on the engine, the policy's wait."""
+    In a caller's thread (it drives because it waits: nothing of this rank computes meanwhile) it is
+    `wait_blocked` (MPI_Wait; in spin mode the policy's wait_request, the behaviour before). In the
+    engine's background thread (`bind_background`, once, from that thread), which overlaps the training
+    loop, it gives the CPU back between polls while nobody waits on the engine (`blocked()` is 0), so the
+    transfer does not take a core from this rank's compute: it yields while the policy lets it spin
+    (TRANSFER_SPIN_S: under auto, only while the host has a core to spare), then sleeps (spin mode: it
+    only yields, as before); once someone blocks on the engine, the caller's wait."""
 
     def __init__(self, policy: Policy, blocked):
         self._policy = policy
-        self._caller_wait = policy.wait_request
         self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
         self._background: int | None = None  # the background thread's id (bind_background)
+
+    def _caller_wait(self, request) -> None:
+        if self._policy.spins:  # (asked per wait: a benchmark's set_mode switches it between blocks)
+            self._policy.wait_request(request)
+        else:
+            wait_blocked(request)
 
     def bind_background(self) -> None:
         """Called by the engine's background thread as it starts: its transfers yield from then on."""
@@ -203,5 +230,5 @@ class TransferWait:
                 os.sched_yield()
             else:
                 time.sleep(policy.sleep_s(age))
-        policy.wait_request(request)  # someone is blocked on the engine: nothing else to run here
+        self._caller_wait(request)  # someone is blocked on the engine: nothing else to run here
 

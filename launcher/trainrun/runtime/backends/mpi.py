@@ -7,12 +7,11 @@ so they work for any dtype; reductions take arrays in a wire dtype (see fusion.w
 Allreduce, the op gradients use, runs as MPI_Iallreduce completed by the `wait(request)` the backend
 is given when made (waiting.TransferWait): MPICH's blocking calls spin on the CPU while the peer is
 late, which starves the training loop when communication overlaps backward on a host with no spare
-core; that wait polls as hard as its thread needs (the engine's background thread yields between
-polls while nobody waits on the engine). A caller's wait is the waiting policy's
-(runtime/waiting.py: MPI_Test polls while the wait is young and the host has a core to spare, then
-MPI_Test between short sleeps): measured with MPICH 5 on 2 ranks, MPI_Wait on a 4 KiB Iallreduce
-returns ~2 us later than polling it does (7.5 vs 5.6 us, blocking MPI_Allreduce 6.2 us), and never
-sooner at any size; nor does it give the core back to other work (scripts/bench_wait.py).
+core; that wait polls as hard as its thread needs: the engine's background thread yields between
+polls while nobody waits on the engine (runtime/waiting.py's policy); once the rank has nothing else
+to run (a caller waits), a few MPI_Tests catch a small op (MPI_Wait on a 4 KiB Iallreduce returns ~2
+us later than polling, scripts/bench_wait.py) and MPI_Wait takes the rest (waiting.wait_blocked: with
+several ranks on a core, sleeps between polls stalled every relay of the allreduce).
 Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduces).
 """
 from __future__ import annotations
