@@ -1,12 +1,14 @@
 """waiting.TransferWait, the wait the engine gives its MPI backend when it is made (instead of patching
-the backend's wait while the background thread drives): a caller's thread waits in MPI_Wait after a few
-MPI_Tests (spin mode: by the policy's wait_request, the behaviour before); the bound background thread
-polls the request itself, yielding, until it completes or a caller blocks on the engine, then hands the
-rest of the wait to the caller's wait."""
+the backend's wait while the background thread drives): a caller's thread waits by the policy's
+wait_request, or, under auto among more than 2 ranks, by whichever of that and MPI_Wait its tuner
+measured faster; the bound background thread polls the request itself, yielding, until it completes or
+a caller blocks on the engine, then hands the rest of the wait to the caller's wait."""
 from __future__ import annotations
 
 import threading
+import time
 
+from trainrun.runtime.transfer_tuner import EXPLORE
 from trainrun.runtime.waiting import BLOCKED_TESTS, Policy, TransferWait
 
 
@@ -42,7 +44,7 @@ def in_thread(fn):
 
 def test_a_caller_thread_waits_by_the_policy():
     policy = RecordingPolicy()
-    tw = TransferWait(policy, lambda: 0)
+    tw = TransferWait(policy, lambda: 0, 6)
     in_thread(tw.bind_background)  # another thread is the background one
     req = Request(5)
     tw.wait(req)
@@ -51,7 +53,7 @@ def test_a_caller_thread_waits_by_the_policy():
 
 def test_the_background_thread_polls_itself_until_done():
     policy = RecordingPolicy()
-    tw = TransferWait(policy, lambda: 0)
+    tw = TransferWait(policy, lambda: 0, 6)
     req = Request(50)
 
     def background():
@@ -65,7 +67,7 @@ def test_the_background_thread_polls_itself_until_done():
 def test_the_background_thread_hands_over_once_a_caller_blocks():
     policy = RecordingPolicy()
     blocked = [0]
-    tw = TransferWait(policy, lambda: blocked[0])
+    tw = TransferWait(policy, lambda: blocked[0], 6)
     req = Request(10 ** 9)
 
     def test_then_block():
@@ -84,45 +86,88 @@ def test_the_background_thread_hands_over_once_a_caller_blocks():
     assert policy.waited == [req] and req.tests == 21
 
 
-def test_a_caller_thread_outside_spin_mode_tests_a_few_times_then_waits_in_mpi():
-    for mode in ("auto", "block"):
-        tw = TransferWait(Policy(mode), lambda: 0)
+class AutoRecording(Policy):
+    """auto mode, never oversubscribed; records its wait_request calls (returning at once)."""
+
+    def __init__(self):
+        super().__init__("auto", NeverOversubscribed())
+        self.waited = []
+
+    def wait_request(self, request, budget_s=0.0):
+        self.waited.append(request)
+
+
+class NeverOversubscribed:
+    cores = 64
+
+    def running(self, now):
+        return 1
+
+
+class SlowWait(Request):
+    """MPI_Wait takes 2 ms (the policy's way returns at once): the tuner must come to prefer the policy's."""
+
+    def Wait(self) -> None:  # noqa: N802
+        time.sleep(0.002)
+        super().Wait()
+
+
+def test_among_more_than_2_ranks_a_callers_waits_measure_both_ways_then_keep_the_faster():
+    policy = AutoRecording()
+    tw = TransferWait(policy, lambda: 0, 3)
+    in_thread(tw.bind_background)
+    reqs = [SlowWait(10 ** 9) for _ in range(2 * EXPLORE + 5)]
+    for r in reqs:
+        tw.wait(r, 1 << 20)
+    measured = reqs[:2 * EXPLORE]
+    assert [r.waits for r in measured] == [0, 1] * EXPLORE         # alternated: the policy's, MPI_Wait, ...
+    assert all(r.tests == BLOCKED_TESTS for r in measured[1::2])   # a few MPI_Tests before MPI_Wait
+    assert [r.waits for r in reqs[2 * EXPLORE:]] == [0] * 5         # then the faster way only
+    assert policy.waited == measured[::2] + reqs[2 * EXPLORE:]
+
+
+def test_a_quick_transfer_never_reaches_mpi_wait():
+    tw = TransferWait(AutoRecording(), lambda: 0, 3)
+    in_thread(tw.bind_background)
+    quick = Request(3)
+    tw.wait(quick, 1 << 20)   # (the first measuring wait is the policy's: the second is MPI_Wait's way)
+    tw.wait(quick2 := Request(3), 1 << 20)
+    assert (quick2.tests, quick2.waits) == (3, 0)
+
+
+def test_between_2_ranks_or_outside_auto_a_caller_always_waits_by_the_policy():
+    for mode, size in (("auto", 2), ("block", 6), ("spin", 6)):
+        policy = AutoRecording()
+        policy.set_mode(mode)
+        tw = TransferWait(policy, lambda: 0, size)
         in_thread(tw.bind_background)
-        quick, slow = Request(3), Request(10 ** 9)
-        tw.wait(quick)
-        tw.wait(slow)
-        assert (quick.tests, quick.waits) == (3, 0)  # done while polled: no MPI_Wait
-        assert (slow.tests, slow.waits) == (BLOCKED_TESTS, 1)
+        reqs = [SlowWait(10 ** 9) for _ in range(2 * EXPLORE + 2)]
+        for r in reqs:
+            tw.wait(r, 1 << 20)
+        assert policy.waited == reqs and not any(r.waits for r in reqs), mode
 
 
-def test_the_background_thread_hands_over_to_mpi_wait_once_a_caller_blocks():
+def test_the_background_thread_hands_over_to_the_callers_wait_once_a_caller_blocks():
     blocked = [0]
-    tw = TransferWait(Policy("block"), lambda: blocked[0])
-    req = Request(10 ** 9)
-    test = req.Test
+    policy = AutoRecording()
+    tw = TransferWait(policy, lambda: blocked[0], 3)
+    first, second = Request(10 ** 9), Request(10 ** 9)
 
-    def test_then_block():
-        blocked[0] = req.tests >= 20  # a caller enters wait() after 20 polls
-        return test()
+    def polls_then_block(req):
+        test = req.Test
 
-    req.Test = test_then_block
+        def test_then_block():
+            blocked[0] = req.tests >= 20  # a caller enters wait() after 20 polls
+            return test()
+        req.Test = test_then_block
+
+    polls_then_block(first)
 
     def background():
         tw.bind_background()
-        tw.wait(req)
+        tw.wait(first, 1 << 20)   # measured: the policy's way
+        tw.wait(second, 1 << 20)  # measured: MPI_Wait's way (a caller is blocked by now)
 
     in_thread(background)
-    assert req.waits == 1 and req.tests == 21 + BLOCKED_TESTS
-
-
-def test_set_mode_switches_the_callers_wait_between_waits():
-    policy = RecordingPolicy()
-    tw = TransferWait(policy, lambda: 0)
-    in_thread(tw.bind_background)
-    policy.set_mode("auto")
-    req = Request(10 ** 9)
-    tw.wait(req)
-    assert req.waits == 1 and policy.waited == []
-    policy.set_mode("spin")
-    tw.wait(req2 := Request(10 ** 9))
-    assert policy.waited == [req2]
+    assert policy.waited == [first] and first.tests == 21
+    assert second.waits == 1 and second.tests == BLOCKED_TESTS

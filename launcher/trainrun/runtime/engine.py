@@ -106,7 +106,7 @@ class Engine:
 
         self.meter = Meter(measure)
         self._queue = queue = RequestQueue(size)
-        transfer_wait = TransferWait(policy, lambda: queue.drivers)
+        transfer_wait = TransferWait(policy, lambda: queue.drivers, size)
         self._dispatch = dispatch = Dispatch(*open_planes(comm, rank, size, self._timeline, transfer_wait.wait),
                                              self._timeline, self.meter)
         self.cache = ResponseCache(capacity)

@@ -24,12 +24,13 @@ environment or holds a policy at import):
 - `wait_request(request)`: complete an MPI request (a data transfer) by that rule, with the budget
   TRANSFER_SPIN_S (see there; 2 ms cost a 16 MiB allreduce ~15% on an idle host). In spin mode it is exactly the
   earlier behaviour (SPIN_TESTS MPI_Tests, then MPI_Wait) so TRAINRUN_WAIT=spin is today's A/B baseline.
-- `TransferWait(policy, blocked).wait`: the wait an engine gives its MPI backend when it makes it (for a
-  data transfer, which a round has just agreed every rank is in): in a caller's thread, or in the
-  background thread once someone is blocked on the engine (nothing of this rank computes), a few
-  MPI_Tests and then MPICH's MPI_Wait (`wait_blocked`; spin mode: wait_request, as before); in the
-  background thread while nobody is blocked (the training loop computes beside it), polls that yield
-  the CPU by this policy. The engine's parts get the policy at construction too
+- `TransferWait(policy, blocked, size).wait(request, nbytes)`: the wait an engine gives its MPI backend
+  when it makes it (for a data transfer, which a round has just agreed every rank is in). While nothing
+  of this rank computes beside it (a caller's thread, or the background thread once someone is blocked
+  on the engine), under auto among more than 2 ranks: the policy's wait_request or `wait_in_mpi`
+  (MPICH's MPI_Wait), whichever this rank measured faster for transfers of that size
+  (runtime/transfer_tuner.py says why both); between 2 ranks, and under block and spin, wait_request. In the background thread while nobody is blocked (the training loop
+  computes beside it), polls that yield the CPU by this policy. The engine's parts get the policy at construction too
   (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
   parts ask, for a benchmark's same-process A/B).
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
@@ -46,6 +47,8 @@ import os
 import time
 from threading import get_ident as _get_ident
 
+from trainrun.runtime.transfer_tuner import MPI, TransferTuner
+
 MODES = ("auto", "spin", "block")
 ENV = "TRAINRUN_WAIT"
 SAMPLE_S = 0.1        # how often the host's load is read
@@ -57,7 +60,7 @@ TRANSFER_SPIN_S = 0.1  # how long a data transfer's wait may poll on a host with
                        # round before it agreed that every rank is there, so this wait is for data that
                        # moves only while polled (16 MiB sleep-polled after 2 ms: 4.0 -> 4.7 ms)
 SPIN_TESTS = 256      # spin mode's MPI_Tests before MPI_Wait (~100 us: a small op's whole time)
-BLOCKED_TESTS = 8     # a transfer nobody computes beside: MPI_Tests (a small op is done by then) before MPI_Wait
+BLOCKED_TESTS = 8     # wait_in_mpi's MPI_Tests (a small op is done by then) before MPI_Wait
 
 
 def mode_from(value: str | None) -> str:
@@ -167,16 +170,9 @@ class Policy:
                 sleep(backoff_s(age))
 
 
-def wait_blocked(request) -> None:
-    """Complete MPI `request` for a rank that has nothing else to run: BLOCKED_TESTS MPI_Tests (a small op
-    is done by then), then MPICH's MPI_Wait, its progress loop in C with the GIL released.
-
-    Why not the policy's sleeps between MPI_Tests here: a transfer starts only after a round agreed that
-    every rank is in it, so it waits for data, not for a late peer, and that data moves only while each
-    rank polls. With several ranks on a core (6 ranks of 3 hosts on 2 cores, a 1 MB allreduce: the Ray
-    benchmark's, docs/benchmarks/ray.md) every relay of the allreduce waited out some rank's sleep: 22-25
-    ms a step, where MPI_Wait took 16.5-18 ms (raw MPI_Allreduce 15-19, torch's gloo 19-21) at the same CPU
-    per step (5.3-5.9 ms a rank); a Python loop of MPI_Tests holding the GIL took 40 ms."""
+def wait_in_mpi(request) -> None:
+    """Complete MPI `request` in MPICH's MPI_Wait (its progress loop in C, the GIL released) after
+    BLOCKED_TESTS MPI_Tests (a small op is done by then: MPI_Wait returns ~2 us late on those)."""
     test = request.Test
     for _ in range(BLOCKED_TESTS):
         if test():
@@ -188,33 +184,48 @@ class TransferWait:
     """How the engine's data transfers wait for their MPI request: `wait` is given to the backend when it
     is made (backends.mpi.MPIBackend(comm, wait)), the same for the engine's life.
 
-    In a caller's thread (it drives because it waits: nothing of this rank computes meanwhile) it is
-    `wait_blocked` (MPI_Wait; in spin mode the policy's wait_request, the behaviour before). In the
+    In a caller's thread (it drives because it waits: nothing of this rank computes meanwhile), under
+    auto among more than 2 ranks, the policy's wait_request or wait_in_mpi, whichever its TransferTuner
+    measured faster for the transfer's size; else wait_request. In the
     engine's background thread (`bind_background`, once, from that thread), which overlaps the training
     loop, it gives the CPU back between polls while nobody waits on the engine (`blocked()` is 0), so the
     transfer does not take a core from this rank's compute: it yields while the policy lets it spin
     (TRANSFER_SPIN_S: under auto, only while the host has a core to spare), then sleeps (spin mode: it
     only yields, as before); once someone blocks on the engine, the caller's wait."""
 
-    def __init__(self, policy: Policy, blocked):
+    def __init__(self, policy: Policy, blocked, size: int):
+        """`size`: the ranks of the engine's communicator (the tuner serves more than 2)."""
         self._policy = policy
         self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
         self._background: int | None = None  # the background thread's id (bind_background)
+        self._tuner = TransferTuner() if size > 2 else None
 
-    def _caller_wait(self, request) -> None:
-        if self._policy.spins:  # (asked per wait: a benchmark's set_mode switches it between blocks)
-            self._policy.wait_request(request)
+    def _caller_wait(self, request, nbytes: int) -> None:
+        """A transfer nothing of this rank computes beside: under auto among more than 2 ranks, the way the
+        tuner measured faster for its size (transfer_tuner.py: the policy's sleeps, or MPI_Wait); else the
+        policy's wait (2 ranks: one exchange, which a sleep delays once; MPI_Wait measured no faster)."""
+        policy = self._policy
+        if self._tuner is None or policy.mode != "auto":  # (mode asked per wait: set_mode switches it)
+            policy.wait_request(request)
+            return
+        key = nbytes.bit_length()
+        way, measuring = self._tuner.choose(key)
+        start = time.perf_counter() if measuring else 0.0
+        if way == MPI:
+            wait_in_mpi(request)
         else:
-            wait_blocked(request)
+            policy.wait_request(request)
+        if measuring:
+            self._tuner.record(key, way, time.perf_counter() - start)
 
     def bind_background(self) -> None:
         """Called by the engine's background thread as it starts: its transfers yield from then on."""
         self._background = _get_ident()
 
-    def wait(self, request) -> None:
-        """Complete MPI `request` by the rule of the calling thread (see the class)."""
+    def wait(self, request, nbytes: int = 0) -> None:
+        """Complete MPI `request` (a transfer of `nbytes`) by the rule of the calling thread (see the class)."""
         if _get_ident() != self._background:
-            self._caller_wait(request)
+            self._caller_wait(request, nbytes)
             return
         policy = self._policy
         start = time.monotonic()
@@ -230,5 +241,5 @@ class TransferWait:
                 os.sched_yield()
             else:
                 time.sleep(policy.sleep_s(age))
-        self._caller_wait(request)  # someone is blocked on the engine: nothing else to run here
+        self._caller_wait(request, nbytes)  # someone is blocked on the engine: nothing else to run here
 

@@ -9,9 +9,9 @@ is given when made (waiting.TransferWait): MPICH's blocking calls spin on the CP
 late, which starves the training loop when communication overlaps backward on a host with no spare
 core; that wait polls as hard as its thread needs: the engine's background thread yields between
 polls while nobody waits on the engine (runtime/waiting.py's policy); once the rank has nothing else
-to run (a caller waits), a few MPI_Tests catch a small op (MPI_Wait on a 4 KiB Iallreduce returns ~2
-us later than polling, scripts/bench_wait.py) and MPI_Wait takes the rest (waiting.wait_blocked: with
-several ranks on a core, sleeps between polls stalled every relay of the allreduce).
+to run (a caller waits), the policy's sleeps between MPI_Tests or MPICH's MPI_Wait, whichever the rank
+measured faster for that size (runtime/transfer_tuner.py; MPI_Wait on a 4 KiB Iallreduce returns ~2 us
+later than polling, scripts/bench_wait.py, so a few MPI_Tests come first).
 Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduces).
 """
 from __future__ import annotations
@@ -71,12 +71,12 @@ class SmallAllreduces:
         if entry is None:
             entry = self._make(recv, op)
             if entry is None:
-                wait(self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+                wait(self._comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]), recv.nbytes)
                 return
         request, buf = entry
         buf[...] = recv if send is None else send
         request.Start()
-        wait(request)
+        wait(request, recv.nbytes)
         recv[...] = buf
 
     def _make(self, recv: np.ndarray, op: int):
@@ -103,8 +103,8 @@ class SmallAllreduces:
 
 
 class MPIBackend:
-    """Collectives on a duplicate of `comm`; call `close()` to free it. `wait(request)` completes a
-    nonblocking MPI request (waiting.TransferWait, or a Policy's wait_request)."""
+    """Collectives on a duplicate of `comm`; call `close()` to free it. `wait(request, nbytes)` completes a
+    nonblocking MPI request moving `nbytes` (waiting.TransferWait.wait)."""
 
     def __init__(self, comm, wait):
         self.comm = comm.Dup()
@@ -121,7 +121,7 @@ class MPIBackend:
         if recv.nbytes <= SMALL_MAX:
             self._small.allreduce(send, recv, op, self._wait)
             return
-        self._wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]))
+        self._wait(self.comm.Iallreduce(MPI.IN_PLACE if send is None else send, recv, op=_MPI_OPS[op]), recv.nbytes)
 
     def allgatherv(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Byte arrays: rank r's `send` (counts[r] bytes) lands at offset sum(counts[:r]) of `recv`."""
