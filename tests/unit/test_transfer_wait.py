@@ -112,7 +112,7 @@ class SlowWait(Request):
         super().Wait()
 
 
-def test_among_more_than_2_ranks_a_callers_waits_measure_both_ways_then_keep_the_faster():
+def test_among_more_than_2_ranks_a_callers_transfers_measure_both_ways_then_keep_the_better():
     policy = AutoRecording()
     tw = TransferWait(policy, lambda: 0, 3)
     in_thread(tw.bind_background)
@@ -120,19 +120,19 @@ def test_among_more_than_2_ranks_a_callers_waits_measure_both_ways_then_keep_the
     for r in reqs:
         tw.wait(r, 1 << 20)
     measured = reqs[:2 * EXPLORE]
-    assert [r.waits for r in measured] == [0, 1] * EXPLORE         # alternated: the policy's, MPI_Wait, ...
-    assert all(r.tests == BLOCKED_TESTS for r in measured[1::2])   # a few MPI_Tests before MPI_Wait
-    assert [r.waits for r in reqs[2 * EXPLORE:]] == [0] * 5         # then the faster way only
-    assert policy.waited == measured[::2] + reqs[2 * EXPLORE:]
+    assert [r.waits for r in measured] == [0] * EXPLORE + [1] * EXPLORE  # a block of the policy's, one of MPI_Wait
+    assert all(r.tests == BLOCKED_TESTS for r in measured[EXPLORE:])    # a few MPI_Tests before MPI_Wait
+    assert [r.waits for r in reqs[2 * EXPLORE:]] == [0] * 5              # then the better way only
+    assert policy.waited == measured[:EXPLORE] + reqs[2 * EXPLORE:]
 
 
 def test_a_quick_transfer_never_reaches_mpi_wait():
     tw = TransferWait(AutoRecording(), lambda: 0, 3)
     in_thread(tw.bind_background)
-    quick = Request(3)
-    tw.wait(quick, 1 << 20)   # (the first measuring wait is the policy's: the second is MPI_Wait's way)
-    tw.wait(quick2 := Request(3), 1 << 20)
-    assert (quick2.tests, quick2.waits) == (3, 0)
+    for _ in range(EXPLORE):  # the policy's block first
+        tw.wait(Request(3), 1 << 20)
+    tw.wait(quick := Request(3), 1 << 20)  # MPI_Wait's block: done within the MPI_Tests
+    assert (quick.tests, quick.waits) == (3, 0)
 
 
 def test_between_2_ranks_or_outside_auto_a_caller_always_waits_by_the_policy():
@@ -151,23 +151,23 @@ def test_the_background_thread_hands_over_to_the_callers_wait_once_a_caller_bloc
     blocked = [0]
     policy = AutoRecording()
     tw = TransferWait(policy, lambda: blocked[0], 3)
-    first, second = Request(10 ** 9), Request(10 ** 9)
+    first = Request(10 ** 9)
+    test = first.Test
 
-    def polls_then_block(req):
-        test = req.Test
+    def test_then_block():
+        blocked[0] = first.tests >= 20  # a caller enters wait() after 20 polls
+        return test()
 
-        def test_then_block():
-            blocked[0] = req.tests >= 20  # a caller enters wait() after 20 polls
-            return test()
-        req.Test = test_then_block
-
-    polls_then_block(first)
+    first.Test = test_then_block
 
     def background():
         tw.bind_background()
-        tw.wait(first, 1 << 20)   # measured: the policy's way
-        tw.wait(second, 1 << 20)  # measured: MPI_Wait's way (a caller is blocked by now)
+        tw.wait(first, 1 << 20)   # the policy's block comes first
+        for _ in range(EXPLORE - 1):
+            tw.wait(Request(1), 1 << 20)
+        tw.wait(later, 1 << 20)  # MPI_Wait's block (a caller is blocked by now)
 
+    later = Request(10 ** 9)
     in_thread(background)
-    assert policy.waited == [first] and first.tests == 21
-    assert second.waits == 1 and second.tests == BLOCKED_TESTS
+    assert policy.waited[0] is first and first.tests == 21
+    assert later.waits == 1 and later.tests == BLOCKED_TESTS

@@ -12,20 +12,21 @@ cores, the Ray benchmark's model (1 MB of gradients), ms a step, SLEEP / MPI: 4 
 6 ranks 15.6-16.4 / 12.7-13.5, 6 ranks on 3 simulated hosts 21.5-25 / 17-18.8; but 4 ranks beside a CPU
 hog per core 9.2-10.9 / 13.1-14.6, and 2 ranks beside them (bench_ceiling.py's hogs) 17.4-18.2 / 22.7-24.8.
 The time of the wait itself moved the same way (4 ranks: 3.0-3.2 / 2.2 ms; with the hogs 4.1-4.3 / 5.7-5.9),
-so each rank measures its own waits and keeps the faster way: measured so, 4 ranks ran at 6.8-7.0 ms and
-with the hogs at 10.7-11.3, the faster way's time in each. Between 2 ranks the wait's time misled (beside
-the hogs MPI_Wait shortened the wait but took compute's CPU: the step went from 1.13-1.18x of torch DDP's
-speed to 1.05-1.06x), and the transfer is one exchange that a sleep delays once: TransferWait asks the
-tuner only among more than 2 ranks.
+so the rank measures, but not the wait alone: MPI_Wait's shorter wait costs the peers' and the hogs' CPU,
+which shows in the next compute (4 ranks beside the hogs, each rank keeping the way of its shorter wait:
+13.2 ms a step, where the sleeps alone gave 11.5). What is measured is the transfer's period: from the end
+of the previous transfer of that size to the end of this one (one bucket a step: the step), in blocks of
+one way, so that every rank of a job in step uses the same way at the same time and a way's cost to the
+compute after it falls in its own block.
 
-Rule, per transfer size class (the size's bit length: a step's buckets differ in size, and alternating
-ways over a repeating mix of sizes would pair each way with one size): EXPLORE waits of each way,
-alternated; the way with the lower median then serves the next EXPLOIT waits; then it measures again,
-so a change of load (a hog that starts or ends) is followed within EXPLORE * 2 + EXPLOIT transfers.
+Rule, per transfer size class (the size's bit length: a step's buckets differ in size): EXPLORE periods
+with SLEEP, then EXPLORE with MPI (the first of each block not counted: its compute followed the other
+way); the way with the lower median then serves the next EXPLOIT transfers; then it measures again, so a
+change of load (a hog that starts or ends) is followed within 2 * EXPLORE + EXPLOIT transfers.
 
-Pure bookkeeping, no clock and no MPI: the caller asks `choose(key)`, times the wait, and reports it
-with `record(key, way, seconds)` when choose said it was measuring. Ranks choose independently: the way a
-rank waits is its own affair (the transfer is the same MPI call either way). Not thread-safe: an engine's
+Pure bookkeeping, no clock and no MPI: the caller asks `choose(key)`, and when choose said it was measuring
+reports the period with `record(key, way, seconds)`. Ranks decide on their own (the transfer is the same
+MPI call either way); ranks doing the same transfers walk the same blocks. Not thread-safe: an engine's
 transfers run one at a time, under its drive lock.
 """
 from __future__ import annotations
@@ -33,15 +34,16 @@ from __future__ import annotations
 from statistics import median
 
 SLEEP, MPI = 0, 1
-EXPLORE = 8    # waits of each way per measurement
-EXPLOIT = 256  # waits with the faster way before measuring again
+EXPLORE = 8    # transfers of each way per measurement (the first of each block not counted)
+EXPLOIT = 256  # transfers with the faster way before measuring again
 
 
 class _Size:
-    __slots__ = ("times", "best", "left")
+    __slots__ = ("times", "best", "left", "seen")
 
     def __init__(self):
         self.times: tuple[list[float], list[float]] = ([], [])
+        self.seen = 0  # transfers of the measurement under way
         self.best: int | None = None  # the faster way at the last measurement (None: none yet)
         self.left = 0  # waits left with `best` before measuring again (0: measuring)
 
@@ -52,26 +54,28 @@ class TransferTuner:
         self._sizes: dict[int, _Size] = {}
 
     def choose(self, key: int) -> tuple[int, bool]:
-        """(way, measuring) for the next wait of size class `key`; report a measuring wait with record()."""
+        """(way, measuring) for the next transfer of size class `key`; report a measuring one with record()."""
         s = self._sizes.get(key)
         if s is None:
             s = self._sizes[key] = _Size()
         if s.left > 0:
             s.left -= 1
             return s.best, False
-        sleeps, waits = s.times
-        return (SLEEP if len(sleeps) <= len(waits) else MPI), True
+        return (SLEEP if s.seen < self._explore else MPI), True
 
     def record(self, key: int, way: int, seconds: float) -> None:
-        """A measuring wait of `key` took `seconds` with `way`; once both ways have EXPLORE, the faster
-        (lower median; a tie keeps SLEEP, the CPU-friendlier) serves the next EXPLOIT waits."""
+        """A measuring transfer of `key` with `way` ended `seconds` after the previous one of `key` (None: no
+        previous, not counted); after both blocks the faster way (lower median; a tie keeps SLEEP, the
+        CPU-friendlier) serves the next EXPLOIT transfers."""
         s = self._sizes[key]
-        s.times[way].append(seconds)
-        sleeps, waits = s.times
-        if len(sleeps) >= self._explore and len(waits) >= self._explore:
-            s.best = MPI if median(waits) < median(sleeps) else SLEEP
+        if s.seen % self._explore and seconds is not None:  # (a block's first: its compute followed the other way)
+            s.times[way].append(seconds)
+        s.seen += 1
+        if s.seen == 2 * self._explore:
+            sleeps, waits = s.times
+            s.best = MPI if sleeps and waits and median(waits) < median(sleeps) else SLEEP
             s.left = self._exploit
-            s.times = ([], [])
+            s.times, s.seen = ([], []), 0
 
     def best(self, key: int) -> int | None:
         """The way the last measurement of `key` chose, None before one."""

@@ -28,8 +28,8 @@ environment or holds a policy at import):
   when it makes it (for a data transfer, which a round has just agreed every rank is in). While nothing
   of this rank computes beside it (a caller's thread, or the background thread once someone is blocked
   on the engine), under auto among more than 2 ranks: the policy's wait_request or `wait_in_mpi`
-  (MPICH's MPI_Wait), whichever this rank measured faster for transfers of that size
-  (runtime/transfer_tuner.py says why both); between 2 ranks, and under block and spin, wait_request. In the background thread while nobody is blocked (the training loop
+  (MPICH's MPI_Wait), whichever this rank measured to give the shorter period between transfers of
+  that size (runtime/transfer_tuner.py says why both, and why the period); between 2 ranks, and under block and spin, wait_request. In the background thread while nobody is blocked (the training loop
   computes beside it), polls that yield the CPU by this policy. The engine's parts get the policy at construction too
   (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
   parts ask, for a benchmark's same-process A/B).
@@ -186,7 +186,7 @@ class TransferWait:
 
     In a caller's thread (it drives because it waits: nothing of this rank computes meanwhile), under
     auto among more than 2 ranks, the policy's wait_request or wait_in_mpi, whichever its TransferTuner
-    measured faster for the transfer's size; else wait_request. In the
+    measured to give the shorter period between transfers of that size; else wait_request. In the
     engine's background thread (`bind_background`, once, from that thread), which overlaps the training
     loop, it gives the CPU back between polls while nobody waits on the engine (`blocked()` is 0), so the
     transfer does not take a core from this rank's compute: it yields while the policy lets it spin
@@ -199,10 +199,11 @@ class TransferWait:
         self._blocked = blocked      # () -> callers blocked in the engine (its request queue's drivers)
         self._background: int | None = None  # the background thread's id (bind_background)
         self._tuner = TransferTuner() if size > 2 else None
+        self._ended: dict[int, float] = {}  # size class -> when its last measured transfer ended
 
     def _caller_wait(self, request, nbytes: int) -> None:
         """A transfer nothing of this rank computes beside: under auto among more than 2 ranks, the way the
-        tuner measured faster for its size (transfer_tuner.py: the policy's sleeps, or MPI_Wait); else the
+        tuner measured better for its size (transfer_tuner.py: the policy's sleeps, or MPI_Wait); else the
         policy's wait (2 ranks: one exchange, which a sleep delays once; MPI_Wait measured no faster)."""
         policy = self._policy
         if self._tuner is None or policy.mode != "auto":  # (mode asked per wait: set_mode switches it)
@@ -210,13 +211,16 @@ class TransferWait:
             return
         key = nbytes.bit_length()
         way, measuring = self._tuner.choose(key)
-        start = time.perf_counter() if measuring else 0.0
         if way == MPI:
             wait_in_mpi(request)
         else:
             policy.wait_request(request)
-        if measuring:
-            self._tuner.record(key, way, time.perf_counter() - start)
+        if measuring:  # the period since this size's previous transfer ended (transfer_tuner.py: why)
+            now, last = time.perf_counter(), self._ended.get(key)
+            self._ended[key] = now
+            self._tuner.record(key, way, None if last is None else now - last)
+        else:
+            self._ended.pop(key, None)
 
     def bind_background(self) -> None:
         """Called by the engine's background thread as it starts: its transfers yield from then on."""
