@@ -58,12 +58,12 @@ class TransferTuner:
         s = self._sizes.get(key)
         if s is None:
             s = self._sizes[key] = _Size()
-        if s.left > 0:
+        if s.left > 0:  # (then a measurement has set best)
             s.left -= 1
-            return s.best, False
+            return (SLEEP if s.best is None else s.best), False
         return (SLEEP if s.seen < self._explore else MPI), True
 
-    def record(self, key: int, way: int, seconds: float) -> None:
+    def record(self, key: int, way: int, seconds: float | None) -> None:
         """A measuring transfer of `key` with `way` ended `seconds` after the previous one of `key` (None: no
         previous, not counted); after both blocks the faster way (lower median; a tie keeps SLEEP, the
         CPU-friendlier) serves the next EXPLOIT transfers."""
