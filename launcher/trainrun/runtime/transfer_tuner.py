@@ -1,6 +1,6 @@
 """Which way a rank waits for a data transfer it has nothing to do beside, chosen by measuring it.
 
-The two ways (waiting.wait_blocked runs them):
+The two ways (waiting.TransferWait runs them; docs/benchmarks/transfer_wait.md measures them):
   SLEEP -- the waiting policy's wait_request: MPI_Test between sleeps while the host is oversubscribed,
            which gives the core to whatever else is runnable;
   MPI   -- a few MPI_Tests, then MPICH's MPI_Wait: its progress loop keeps polling, the GIL released.
@@ -25,7 +25,8 @@ way); the way with the lower median then serves the next EXPLOIT transfers; then
 change of load (a hog that starts or ends) is followed within 2 * EXPLORE + EXPLOIT transfers.
 
 Pure bookkeeping, no clock and no MPI: the caller asks `choose(key)`, and when choose said it was measuring
-reports the period with `record(key, way, seconds)`. Ranks decide on their own (the transfer is the same
+reports the period with `record(key, way, seconds)`. (A transfer that the background thread completes with
+nobody blocked is neither chosen nor counted; the next period spans it, with either way alike.) Ranks decide on their own (the transfer is the same
 MPI call either way); ranks doing the same transfers walk the same blocks. Not thread-safe: an engine's
 transfers run one at a time, under its drive lock.
 """

@@ -29,9 +29,10 @@ environment or holds a policy at import):
   of this rank computes beside it (a caller's thread, or the background thread once someone is blocked
   on the engine), under auto among more than 2 ranks: the policy's wait_request or `wait_in_mpi`
   (MPICH's MPI_Wait), whichever this rank measured to give the shorter period between transfers of
-  that size (runtime/transfer_tuner.py says why both, and why the period); between 2 ranks, and under block and spin, wait_request. In the background thread while nobody is blocked (the training loop
-  computes beside it), polls that yield the CPU by this policy. The engine's parts get the policy at construction too
-  (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
+  that size (runtime/transfer_tuner.py says why both, and why the period); between 2 ranks, and under
+  block and spin, wait_request. In the background thread while nobody is blocked (the training loop
+  computes beside it), polls that yield the CPU by this policy. The engine's parts get the policy at
+  construction too (Engine(policy=session.policy)); nothing swaps a part's wait later (`set_mode` changes the mode the
   parts ask, for a benchmark's same-process A/B).
 - The load sample: the running count of /proc/loadavg ("R/T", runnable tasks on the whole host,
   this one included) against the CPUs this process may run on (os.sched_getaffinity), read at most

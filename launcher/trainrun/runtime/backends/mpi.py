@@ -10,7 +10,7 @@ late, which starves the training loop when communication overlaps backward on a 
 core; that wait polls as hard as its thread needs: the engine's background thread yields between
 polls while nobody waits on the engine (runtime/waiting.py's policy); once the rank has nothing else
 to run (a caller waits), the policy's sleeps between MPI_Tests or MPICH's MPI_Wait, whichever the rank
-measured faster for that size (runtime/transfer_tuner.py; MPI_Wait on a 4 KiB Iallreduce returns ~2 us
+measured better for that size (runtime/transfer_tuner.py; MPI_Wait on a 4 KiB Iallreduce returns ~2 us
 later than polling, scripts/bench_wait.py, so a few MPI_Tests come first).
 Small allreduces (up to 8 KiB) run as persistent requests instead (SmallAllreduces).
 """
