@@ -56,7 +56,19 @@ with v1.device(v1.train.replica_device_setter(worker_device=f"/job:{job}/task:{i
 session_config = v1.ConfigProto(device_filters=["/job:ps", f"/job:{job}/task:{index}"],
                                 inter_op_parallelism_threads=2, intra_op_parallelism_threads=1)
 losses, step, i = [], 0, 0
-hooks = [v1.train.StopAtStepHook(last_step=args.target)]
+
+
+class LastGlobalStep(v1.train.SessionRunHook):
+    """The global step read after each run, after StopAtStepHook's: the other trainers may have made the last
+    updates, so the step this trainer's own update saw (step_after) can be below the step training stopped at."""
+    value = 0
+
+    def after_run(self, run_context, run_values):
+        self.value = int(run_context.session.run(global_step))
+
+
+last = LastGlobalStep()
+hooks = [v1.train.StopAtStepHook(last_step=args.target), last]
 with v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief, hooks=hooks, config=session_config,
                                        checkpoint_dir=None, save_summaries_steps=None, log_step_count_steps=0) as sess:
     while not sess.should_stop():
@@ -64,6 +76,7 @@ with v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief, 
         _, value, step = sess.run([train_op, loss, step_after], {x: x_all[lo:lo + args.batch], y: labels[lo:lo + args.batch]})
         losses.append(float(value))
         i += 1
+step = max(step, last.value)
 print(f"{job} {index}: {i} local steps, global step {step}, loss {losses[0]:.4f} -> {losses[-1]:.4f}", flush=True)
 if args.out and is_chief:
     with open(args.out, "w") as f:
