@@ -224,7 +224,14 @@ def test_the_sweep_kills_a_stopped_subreapers_whole_tree(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", code, token])
     try:
         deadline = time.monotonic() + 90  # four interpreters starting: slow on a loaded 2-core box
-        while len(procs_with(token)) < 4 and time.monotonic() < deadline:  # owner, rank, 2 escapees
+
+        def settled() -> bool:
+            # owner, rank and both escapees, and no transient: the rank's `sh -c` and forks carry the token too,
+            # so a count of 4 alone once came before the daemon (a fresh-clone CI run)
+            return (bool(procs_with(f"{token}-r0-setsid")) and bool(procs_with(f"{token}-r0-daemon"))
+                    and len(procs_with(token)) == 4)
+
+        while not settled() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(procs_with(token)) == 4
         os.kill(owner.pid, signal.SIGSTOP)
